@@ -1,0 +1,240 @@
+//! CNI: picks the network config as kubelet does, runs plugins per the CNI spec (ADD in
+//! order with `prevResult` chaining, DEL in reverse), caches the exact config and the ADD
+//! result so DEL works after the conf dir changed or the netns vanished, and reports plugin
+//! errors with the plugin's own `code`/`msg`/`details` and stderr.
+
+mod config;
+mod exec;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub use config::{embedded_default, load, NetworkList};
+pub use exec::find_plugin;
+
+/// CNI failures, each naming the config file or the plugin and the command.
+#[derive(Debug, thiserror::Error)]
+pub enum CniError {
+    #[error("CNI config {file}: {reason}")]
+    BadConfig { file: String, reason: String },
+    #[error("CNI plugin {plugin:?} not found in {dirs}")]
+    PluginNotFound { plugin: String, dirs: String },
+    #[error("{plugin}: {command}: {msg}{}{}{}", code.map(|c| format!(" (code {c})")).unwrap_or_default(), if details.is_empty() { String::new() } else { format!(": {details}") }, if stderr.is_empty() { String::new() } else { format!("; stderr: {stderr}") })]
+    Plugin {
+        plugin: String,
+        command: &'static str,
+        code: Option<u64>,
+        msg: String,
+        details: String,
+        stderr: String,
+    },
+    #[error("{plugin}: {command}: {source}")]
+    Run {
+        plugin: String,
+        command: &'static str,
+        #[source]
+        source: crate::process::RunError,
+    },
+    #[error("CNI cache {path}: {reason}")]
+    Cache { path: PathBuf, reason: String },
+}
+
+/// A port the pod exposes on the host (CNI `portMappings` capability).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortMapping {
+    pub host_port: u16,
+    pub container_port: u16,
+    /// `tcp`, `udp` or `sctp`.
+    pub protocol: String,
+    #[serde(default, rename = "hostIP", skip_serializing_if = "String::is_empty")]
+    pub host_ip: String,
+}
+
+/// The pod as CNI sees it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Attachment {
+    /// `CNI_CONTAINERID`: the sandbox id.
+    pub container_id: String,
+    /// `CNI_NETNS`; `None` passes an empty value (the netns is gone: plugins clean up what
+    /// they can without it, as the spec allows for DEL).
+    pub netns: Option<PathBuf>,
+    pub ifname: String,
+    pub pod_name: String,
+    pub pod_namespace: String,
+    pub pod_uid: String,
+    pub port_mappings: Vec<PortMapping>,
+}
+
+impl Attachment {
+    fn cni_args(&self) -> String {
+        format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={}",
+            self.pod_namespace, self.pod_name, self.container_id, self.pod_uid
+        )
+    }
+}
+
+/// What is cached per sandbox: the exact list used for ADD and, once ADD succeeded, its result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheEntry {
+    pub list: NetworkList,
+    pub attachment: Attachment,
+    #[serde(default)]
+    pub result: Option<Value>,
+}
+
+/// Executes network lists with one set of plugin dirs and one per-plugin time limit.
+#[derive(Debug, Clone)]
+pub struct Cni {
+    pub bin_dirs: Vec<PathBuf>,
+    pub timeout: Duration,
+    pub cache_dir: PathBuf,
+}
+
+impl Cni {
+    /// Every plugin of `list` must be present before anything is run.
+    pub fn check_plugins(&self, list: &NetworkList) -> Result<(), CniError> {
+        for p in &list.plugins {
+            find_plugin(&self.bin_dirs, config::plugin_type(p))?;
+        }
+        Ok(())
+    }
+
+    /// Runs ADD for each plugin in order, chaining `prevResult`; returns the final result.
+    pub fn add(&self, list: &NetworkList, att: &Attachment) -> Result<Value, CniError> {
+        let mut prev: Option<Value> = None;
+        for plugin in &list.plugins {
+            let conf = list.plugin_stdin(plugin, prev.as_ref(), att);
+            let out = exec::invoke(self, plugin, "ADD", &conf, att)?;
+            prev = Some(out);
+        }
+        Ok(prev.unwrap_or(Value::Null))
+    }
+
+    /// Runs DEL for each plugin in reverse order with the cached result as `prevResult`
+    /// (versions ≥ 0.4.0, as libcni does). Every plugin is tried; the first error is returned.
+    pub fn del(
+        &self,
+        list: &NetworkList,
+        att: &Attachment,
+        result: Option<&Value>,
+    ) -> Result<(), CniError> {
+        let prev = if list.supports_prev_result_on_del() {
+            result.filter(|r| !r.is_null())
+        } else {
+            None
+        };
+        let mut first_err = None;
+        for plugin in list.plugins.iter().rev() {
+            let conf = list.plugin_stdin(plugin, prev, att);
+            if let Err(e) = exec::invoke(self, plugin, "DEL", &conf, att) {
+                tracing::warn!(container_id = %att.container_id, error = %e, "CNI DEL failed");
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    fn cache_path(&self, id: &str) -> PathBuf {
+        self.cache_dir.join(format!("{id}.json"))
+    }
+
+    /// Stores the cache entry for `id` atomically.
+    pub fn save_cache(&self, id: &str, entry: &CacheEntry) -> Result<(), CniError> {
+        let path = self.cache_path(id);
+        std::fs::create_dir_all(&self.cache_dir).map_err(|e| CniError::Cache {
+            path: self.cache_dir.clone(),
+            reason: e.to_string(),
+        })?;
+        crate::state::write_json_atomic(&path, entry).map_err(|e| CniError::Cache {
+            path,
+            reason: e.to_string(),
+        })
+    }
+
+    /// Loads the cache entry for `id`. A missing, empty or corrupt file counts as absent.
+    pub fn load_cache(&self, id: &str) -> Option<CacheEntry> {
+        let path = self.cache_path(id);
+        match crate::state::read_json::<CacheEntry>(&path) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(sandbox_id = id, error = %e, "ignoring unreadable CNI cache");
+                None
+            }
+        }
+    }
+
+    pub fn remove_cache(&self, id: &str) -> Result<(), CniError> {
+        let path = self.cache_path(id);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(CniError::Cache {
+                path,
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// Ids of every cache entry on disk (for start-up cleanup).
+    pub fn cached_ids(&self) -> Vec<String> {
+        let Ok(rd) = std::fs::read_dir(&self.cache_dir) else {
+            return Vec::new();
+        };
+        rd.filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                name.strip_suffix(".json").map(str::to_string)
+            })
+            .filter(|id| crate::validate::full_id(id).is_ok())
+            .collect()
+    }
+}
+
+/// The IP addresses (without prefix length) in a CNI result of any version 0.3.0–1.0.0.
+pub fn result_ips(result: &Value) -> Vec<String> {
+    result
+        .get("ips")
+        .and_then(Value::as_array)
+        .map(|ips| {
+            ips.iter()
+                .filter_map(|ip| ip.get("address").and_then(Value::as_str))
+                .map(|a| a.split('/').next().unwrap_or(a).to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ips_from_results() {
+        let v1: Value = serde_json::json!({"cniVersion":"1.0.0","ips":[{"address":"10.1.0.5/24","gateway":"10.1.0.1","interface":0}]});
+        assert_eq!(result_ips(&v1), vec!["10.1.0.5".to_string()]);
+        let v03: Value = serde_json::json!({"cniVersion":"0.3.1","ips":[{"version":"4","address":"10.2.0.7/16"},{"version":"6","address":"fd00::7/64"}]});
+        assert_eq!(
+            result_ips(&v03),
+            vec!["10.2.0.7".to_string(), "fd00::7".to_string()]
+        );
+        assert!(result_ips(&Value::Null).is_empty());
+    }
+
+    #[test]
+    fn plugin_error_message() {
+        let e = CniError::Plugin {
+            plugin: "bridge".into(),
+            command: "DEL",
+            code: Some(11),
+            msg: "boom".into(),
+            details: "more".into(),
+            stderr: String::new(),
+        };
+        assert_eq!(e.to_string(), "bridge: DEL: boom (code 11): more");
+    }
+}

@@ -1,0 +1,195 @@
+//! Runtime configuration with defaults that work on a fresh host: the embedded default CNI
+//! network, runc as the default handler, the built-in pause process.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// When a pod gets an infra (pause) process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum InfraPolicy {
+    /// Only when needed: a pod-level PID namespace, or a handler that needs a sandbox process.
+    #[default]
+    Auto,
+    /// Every pod gets one.
+    Always,
+}
+
+/// One OCI runtime handler (CRI `runtime_handler`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuntimeHandler {
+    /// The runtime binary (runc, crun, a Kata-style shim-less runtime…).
+    pub path: PathBuf,
+    /// The runtime's state dir (`--root`); default `<state root>/runtime/<handler name>`.
+    #[serde(default)]
+    pub root: Option<PathBuf>,
+    /// VM-based runtimes need a sandbox process in every pod.
+    #[serde(default)]
+    pub needs_sandbox_process: bool,
+}
+
+/// The embedded network used when the CNI conf dir holds no valid config.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DefaultNetwork {
+    pub name: String,
+    pub bridge: String,
+    pub subnet: String,
+    /// Masquerade traffic leaving the pod subnet (what a node needs to reach services).
+    pub ip_masq: bool,
+}
+
+impl Default for DefaultNetwork {
+    fn default() -> Self {
+        DefaultNetwork {
+            name: "sandboxd-default".into(),
+            bridge: "sandboxd0".into(),
+            subnet: "10.89.0.0/16".into(),
+            ip_masq: true,
+        }
+    }
+}
+
+/// Everything the core library needs to know about the host.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Config {
+    /// State root: sandbox and container records, bundles, CNI cache, IPAM of the default network.
+    pub root: PathBuf,
+    /// Where network namespaces are pinned (shared with `ip netns`).
+    pub netns_dir: PathBuf,
+    /// Where IPC namespaces of pods without an infra process are pinned.
+    pub ipcns_dir: PathBuf,
+    /// Where UTS namespaces of pods without an infra process are pinned.
+    pub utsns_dir: PathBuf,
+    pub cni_conf_dir: PathBuf,
+    pub cni_bin_dirs: Vec<PathBuf>,
+    #[serde(with = "secs")]
+    pub cni_plugin_timeout: Duration,
+    pub default_network: DefaultNetwork,
+    /// A failed CNI DEL is retried by later StopPodSandbox calls; after this many failed
+    /// attempts the network is recorded as stopped with a warning (0 = never give up).
+    pub cni_del_max_attempts: u32,
+    pub default_runtime: String,
+    pub runtimes: BTreeMap<String, RuntimeHandler>,
+    #[serde(with = "secs")]
+    pub runtime_timeout: Duration,
+    /// The monitor binary (`sandboxd-monitor`); default: `$SANDBOXD_MONITOR`, else next to the
+    /// running executable, else in PATH.
+    pub monitor_path: Option<PathBuf>,
+    /// The static pause binary (`sandboxd-pause`); default: `$SANDBOXD_PAUSE`, else next to the
+    /// running executable, else in PATH.
+    pub pause_path: Option<PathBuf>,
+    pub infra: InfraPolicy,
+    /// Size of each pod's /dev/shm tmpfs in bytes.
+    pub shm_size: u64,
+    /// cgroup parent for infra containers when the pod config names none.
+    pub cgroup_parent: String,
+    /// Grace period for SIGTERM before SIGKILL when stopping containers.
+    #[serde(with = "secs")]
+    pub stop_grace: Duration,
+}
+
+mod secs {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let v = f64::deserialize(d)?;
+        Duration::try_from_secs_f64(v).map_err(serde::de::Error::custom)
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let mut runtimes = BTreeMap::new();
+        runtimes.insert(
+            "runc".to_string(),
+            RuntimeHandler {
+                path: find_in_path("runc").unwrap_or_else(|| PathBuf::from("/usr/sbin/runc")),
+                root: None,
+                needs_sandbox_process: false,
+            },
+        );
+        if let Some(crun) = find_in_path("crun") {
+            runtimes.insert(
+                "crun".to_string(),
+                RuntimeHandler {
+                    path: crun,
+                    root: None,
+                    needs_sandbox_process: false,
+                },
+            );
+        }
+        Config {
+            root: PathBuf::from("/var/lib/sandboxd"),
+            netns_dir: PathBuf::from("/var/run/netns"),
+            ipcns_dir: PathBuf::from("/var/run/ipcns"),
+            utsns_dir: PathBuf::from("/var/run/utsns"),
+            cni_conf_dir: PathBuf::from("/etc/cni/net.d"),
+            cni_bin_dirs: vec![PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")],
+            cni_plugin_timeout: Duration::from_secs(60),
+            default_network: DefaultNetwork::default(),
+            cni_del_max_attempts: 10,
+            default_runtime: "runc".into(),
+            runtimes,
+            runtime_timeout: Duration::from_secs(60),
+            monitor_path: std::env::var_os("SANDBOXD_MONITOR").map(PathBuf::from),
+            pause_path: std::env::var_os("SANDBOXD_PAUSE").map(PathBuf::from),
+            infra: InfraPolicy::Auto,
+            shm_size: 64 * 1024 * 1024,
+            cgroup_parent: "/sandboxd".into(),
+            stop_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Config {
+    /// A config whose every host path lives under `base` (state root, namespace dirs,
+    /// default-network IPAM), for tests and for several daemons on one host.
+    pub fn rooted_at(base: &Path) -> Self {
+        Config {
+            root: base.join("root"),
+            netns_dir: base.join("netns"),
+            ipcns_dir: base.join("ipcns"),
+            utsns_dir: base.join("utsns"),
+            cni_conf_dir: base.join("cni-conf"),
+            ..Config::default()
+        }
+    }
+
+    /// Finds a helper binary: the configured path, else next to the running executable (and
+    /// its parent dir, for test binaries under `target/*/deps`), else in PATH.
+    pub fn helper_path(configured: &Option<PathBuf>, name: &str) -> Option<PathBuf> {
+        if let Some(p) = configured {
+            return Some(p.clone());
+        }
+        if let Ok(exe) = std::env::current_exe() {
+            let mut dir = exe.parent().map(Path::to_path_buf);
+            for _ in 0..2 {
+                if let Some(d) = &dir {
+                    let c = d.join(name);
+                    if c.is_file() {
+                        return Some(c);
+                    }
+                    dir = d.parent().map(Path::to_path_buf);
+                }
+            }
+        }
+        find_in_path(name)
+    }
+}
+
+/// Looks a program up in `$PATH` (plus the sbin dirs root's PATH may lack).
+pub fn find_in_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}

@@ -1,0 +1,274 @@
+//! sandboxd: a Kubernetes pod sandbox runtime. This crate is the library the daemon, the
+//! tests and embedders call: [`Runtime`] runs, stops, removes and lists pod sandboxes with
+//! persistent network namespaces, CNI, a pod shm and (only when needed) an infra process
+//! run by an OCI runtime under a per-container monitor.
+#![deny(unsafe_code)]
+
+pub mod cni;
+pub mod config;
+pub mod error;
+pub mod failpoint;
+pub mod mounts;
+pub mod netns;
+pub mod oci;
+pub mod process;
+pub mod sandbox;
+pub mod state;
+pub mod validate;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub use config::{Config, InfraPolicy, RuntimeHandler};
+pub use error::{Error, Result};
+pub use sandbox::{
+    DnsConfig, InfraMode, NamespaceMode, NamespaceOptions, PodSandboxConfig, PodSandboxMetadata,
+    SandboxFilter, SandboxRecord, SandboxState, SandboxStatus,
+};
+
+use crate::cni::Cni;
+use crate::oci::OciRuntime;
+use crate::state::{IdIndex, NameReservations};
+
+/// One sandbox in memory: `op` serialises its lifecycle operations (held across process
+/// calls), `record` is the current record (held only for short reads and updates).
+pub(crate) struct SandboxEntry {
+    pub(crate) op: Mutex<()>,
+    pub(crate) record: Mutex<SandboxRecord>,
+}
+
+#[derive(Default)]
+pub(crate) struct Registry {
+    pub(crate) sandboxes: HashMap<String, Arc<SandboxEntry>>,
+    pub(crate) names: NameReservations,
+    pub(crate) ids: IdIndex,
+}
+
+/// The sandbox runtime: all state lives under `config.root` and is restored by [`Runtime::new`].
+pub struct Runtime {
+    pub(crate) cfg: Config,
+    pub(crate) registry: Mutex<Registry>,
+    pub(crate) cni: Cni,
+    pub(crate) runtimes: HashMap<String, OciRuntime>,
+    /// The shared read-only infra rootfs (present when a pause binary was found).
+    pub(crate) infra_rootfs: Option<PathBuf>,
+    /// Short tag of the state root, part of every namespace file name, so several daemons
+    /// sharing a netns dir never collect each other's files.
+    pub(crate) root_tag: String,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Runtime {
+    /// Opens (or creates) the state root, prepares the namespace dirs and the infra rootfs,
+    /// then restores every recorded sandbox: half-created ones are rolled back, the rest are
+    /// registered again with their names; unreferenced leftovers are collected.
+    pub fn new(cfg: Config) -> Result<Self> {
+        let rt = Self::open(cfg)?;
+        sandbox::restore::restore(&rt)?;
+        Ok(rt)
+    }
+
+    fn open(cfg: Config) -> Result<Self> {
+        check_root(&cfg.root)?;
+        for d in [
+            "sandboxes",
+            "containers",
+            "cni/cache",
+            "cni/networks",
+            "runtime",
+        ] {
+            let p = cfg.root.join(d);
+            std::fs::create_dir_all(&p).map_err(|e| error::HostError::io("create", &p, e))?;
+        }
+        restrict_root(&cfg.root)?;
+        for d in [&cfg.netns_dir, &cfg.ipcns_dir, &cfg.utsns_dir] {
+            mounts::make_shared_dir(d)?;
+        }
+        let monitor = Config::helper_path(&cfg.monitor_path, "sandboxd-monitor");
+        let mut runtimes = HashMap::new();
+        for (name, h) in &cfg.runtimes {
+            validate::name("runtime handler", name)?;
+            runtimes.insert(
+                name.clone(),
+                OciRuntime {
+                    name: name.clone(),
+                    path: h.path.clone(),
+                    root: h
+                        .root
+                        .clone()
+                        .unwrap_or_else(|| cfg.root.join("runtime").join(name)),
+                    monitor: monitor
+                        .clone()
+                        .unwrap_or_else(|| PathBuf::from("sandboxd-monitor")),
+                    timeout: cfg.runtime_timeout,
+                },
+            );
+        }
+        if !runtimes.contains_key(&cfg.default_runtime) {
+            return Err(Error::Config(format!(
+                "default runtime {:?} is not among the configured handlers {:?}",
+                cfg.default_runtime,
+                runtimes.keys().collect::<Vec<_>>()
+            )));
+        }
+        let infra_rootfs = match Config::helper_path(&cfg.pause_path, "sandboxd-pause") {
+            Some(pause) if pause.is_file() => {
+                let dir = cfg.root.join("infra-rootfs");
+                oci::spec::prepare_infra_rootfs(&dir, &pause)?;
+                Some(dir)
+            }
+            _ => None,
+        };
+        let cni = Cni {
+            bin_dirs: cfg.cni_bin_dirs.clone(),
+            timeout: cfg.cni_plugin_timeout,
+            cache_dir: cfg.root.join("cni/cache"),
+        };
+        let root_tag = short_hash(&cfg.root.to_string_lossy());
+        Ok(Runtime {
+            cfg,
+            registry: Mutex::new(Registry::default()),
+            cni,
+            runtimes,
+            infra_rootfs,
+            root_tag,
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// RunPodSandbox: returns the new (or, for a retried request, the existing) sandbox id.
+    pub fn run_pod_sandbox(&self, config: &PodSandboxConfig) -> Result<String> {
+        sandbox::run::run(self, config)
+    }
+
+    /// StopPodSandbox: idempotent; an unknown id is success.
+    pub fn stop_pod_sandbox(&self, id: &str) -> Result<()> {
+        sandbox::stop::stop(self, id)
+    }
+
+    /// RemovePodSandbox: stops if needed, then removes everything; an unknown id is success.
+    pub fn remove_pod_sandbox(&self, id: &str) -> Result<()> {
+        sandbox::remove::remove(self, id)
+    }
+
+    /// PodSandboxStatus; an unknown id is `NotFound`.
+    pub fn pod_sandbox_status(&self, id: &str) -> Result<SandboxStatus> {
+        let entry = self.lookup(id)?.ok_or_else(|| Error::NotFound {
+            kind: "sandbox",
+            id: id.to_string(),
+        })?;
+        let status = lock(&entry.record).status();
+        Ok(status)
+    }
+
+    /// ListPodSandbox, oldest first.
+    pub fn list_pod_sandboxes(&self, filter: &SandboxFilter) -> Vec<SandboxStatus> {
+        let entries: Vec<_> = lock(&self.registry).sandboxes.values().cloned().collect();
+        let mut out: Vec<SandboxStatus> = entries
+            .iter()
+            .map(|e| lock(&e.record).clone())
+            .filter(|r| filter.matches(r))
+            .map(|r| r.status())
+            .collect();
+        out.sort_by_key(|s| (s.created_at, s.id.clone()));
+        out
+    }
+
+    /// The full record (for verbose status and tests).
+    pub fn sandbox_record(&self, id: &str) -> Result<SandboxRecord> {
+        let entry = self.lookup(id)?.ok_or_else(|| Error::NotFound {
+            kind: "sandbox",
+            id: id.to_string(),
+        })?;
+        let r = lock(&entry.record).clone();
+        Ok(r)
+    }
+
+    /// The CNI network a new sandbox would join: the first valid config file; the embedded
+    /// default when the conf dir has no config file at all; an error when it has only
+    /// invalid ones.
+    pub fn network(&self) -> std::result::Result<cni::NetworkList, cni::CniError> {
+        Ok(cni::load(&self.cfg.cni_conf_dir)?.unwrap_or_else(|| {
+            cni::embedded_default(
+                &self.cfg.default_network,
+                &self.cfg.root.join("cni/networks"),
+            )
+        }))
+    }
+
+    /// Resolves an id or unique prefix to the registered entry.
+    pub(crate) fn lookup(&self, id: &str) -> Result<Option<Arc<SandboxEntry>>> {
+        let reg = lock(&self.registry);
+        let Some(full) = reg.ids.resolve(id)? else {
+            return Ok(None);
+        };
+        Ok(reg.sandboxes.get(&full).cloned())
+    }
+
+    pub(crate) fn handler(&self, name: &str) -> Result<&OciRuntime> {
+        let name = if name.is_empty() {
+            &self.cfg.default_runtime
+        } else {
+            name
+        };
+        self.runtimes.get(name).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "unknown runtime handler {name:?} (configured: {:?})",
+                self.runtimes.keys().collect::<Vec<_>>()
+            ))
+        })
+    }
+
+    /// Namespace file name for a sandbox: `sandboxd-<root tag>-<id prefix>`.
+    pub(crate) fn ns_name(&self, id: &str) -> String {
+        format!("sandboxd-{}-{}", self.root_tag, &id[..16])
+    }
+
+    pub(crate) fn ns_prefix(&self) -> String {
+        format!("sandboxd-{}-", self.root_tag)
+    }
+}
+
+/// The state root must not be a symlink (an attacker-made link would move our writes).
+fn check_root(root: &Path) -> Result<()> {
+    if !root.is_absolute() {
+        return Err(Error::Config(format!(
+            "state root {} must be an absolute path",
+            root.display()
+        )));
+    }
+    match std::fs::symlink_metadata(root) {
+        Ok(m) if m.file_type().is_symlink() => Err(Error::Config(format!(
+            "state root {} is a symlink; refusing to use it",
+            root.display()
+        ))),
+        Ok(m) if !m.is_dir() => Err(Error::Config(format!(
+            "state root {} is not a directory",
+            root.display()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn restrict_root(root: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o711))
+        .map_err(|e| error::HostError::io("chmod", root, e).into())
+}
+
+/// 8 hex chars of FNV-1a: a stable tag, not a security boundary.
+fn short_hash(s: &str) -> String {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in s.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    format!("{h:08x}")
+}

@@ -1,0 +1,216 @@
+//! Persistent namespaces pinned by bind mounts: creates network namespaces (and, for pods
+//! without an infra process, IPC and UTS namespaces) without a helper process, closes and
+//! removes them. Removal is idempotent, and a path that is not an nsfs mount is never
+//! unmounted as if it were one.
+//!
+//! Creation happens on a dedicated OS thread that unshares, pins its own
+//! `/proc/thread-self/ns/<kind>` onto an empty file, and exits: the namespace switch never
+//! touches a thread that runs anything else.
+#![allow(unsafe_code)]
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::CloneFlags;
+
+use crate::error::HostError;
+
+/// `NSFS_MAGIC` from `linux/magic.h`.
+const NSFS_MAGIC: i64 = 0x6e73_6673;
+
+/// Which namespaces to pin, and where.
+#[derive(Debug, Clone, Default)]
+pub struct PinRequest {
+    pub net: Option<PathBuf>,
+    pub ipc: Option<PathBuf>,
+    pub uts: Option<PathBuf>,
+    /// Hostname to set inside the new UTS namespace.
+    pub hostname: Option<String>,
+}
+
+/// Creates and pins the requested namespaces. On error nothing requested is left behind.
+pub fn pin(req: &PinRequest) -> Result<(), HostError> {
+    let req = req.clone();
+    let handle = std::thread::Builder::new()
+        .name("ns-pin".into())
+        .spawn(move || pin_on_this_thread(&req))
+        .map_err(|e| HostError::Other(format!("cannot start namespace thread: {e}")))?;
+    handle
+        .join()
+        .map_err(|_| HostError::Other("namespace thread panicked".into()))?
+}
+
+fn pin_on_this_thread(req: &PinRequest) -> Result<(), HostError> {
+    let mut flags = CloneFlags::empty();
+    let targets: Vec<(&Path, &str)> = [
+        (req.net.as_deref(), "net"),
+        (req.ipc.as_deref(), "ipc"),
+        (req.uts.as_deref(), "uts"),
+    ]
+    .into_iter()
+    .filter_map(|(p, k)| p.map(|p| (p, k)))
+    .collect();
+    if targets.is_empty() {
+        return Ok(());
+    }
+    for (path, kind) in &targets {
+        create_empty_file(path)?;
+        flags |= match *kind {
+            "net" => CloneFlags::CLONE_NEWNET,
+            "ipc" => CloneFlags::CLONE_NEWIPC,
+            _ => CloneFlags::CLONE_NEWUTS,
+        };
+    }
+    let result = (|| {
+        nix::sched::unshare(flags)
+            .map_err(|e| HostError::sys("unshare namespaces for", targets[0].0, e))?;
+        if req.net.is_some() {
+            loopback_up()?;
+        }
+        if let (Some(_), Some(h)) = (req.uts.as_ref(), req.hostname.as_ref()) {
+            nix::unistd::sethostname(h).map_err(|e| {
+                HostError::sys("set hostname in", req.uts.clone().unwrap_or_default(), e)
+            })?;
+        }
+        for (path, kind) in &targets {
+            let src = format!("/proc/thread-self/ns/{kind}");
+            mount(
+                Some(src.as_str()),
+                *path,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .map_err(|e| HostError::sys("bind-mount namespace onto", *path, e))?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        for (path, _) in &targets {
+            let _ = remove(path);
+        }
+    }
+    result
+}
+
+fn create_empty_file(path: &Path) -> Result<(), HostError> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| HostError::io("create dir", parent, e))?;
+    }
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o444)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map(drop)
+        .map_err(|e| HostError::io("create namespace file", path, e))
+}
+
+/// Sets `lo` up in the calling thread's network namespace.
+fn loopback_up() -> Result<(), HostError> {
+    // SAFETY: socket(2) takes plain integers and returns a new fd or -1.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(HostError::Other(format!(
+            "socket for loopback: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: an all-zero ifreq is a valid value of this plain C struct.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: `fd` is our socket and `ifr` a properly initialised ifreq that outlives the call.
+    let mut r = unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr) };
+    if r == 0 {
+        // SAFETY: SIOCGIFFLAGS filled the flags member of the union, which we now update.
+        unsafe { ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+        // SAFETY: as above; the kernel reads the name and the flags.
+        r = unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr) };
+    }
+    let err = std::io::Error::last_os_error();
+    // SAFETY: `fd` is ours and closed once.
+    unsafe { libc::close(fd) };
+    if r != 0 {
+        return Err(HostError::Other(format!("bring lo up: {err}")));
+    }
+    Ok(())
+}
+
+/// Is `path` a bind-mounted namespace file (nsfs)? Symlinks are not followed.
+// f_type is i64 on x86_64 glibc but narrower elsewhere, hence the cast.
+#[allow(clippy::unnecessary_cast)]
+pub fn is_nsfs(path: &Path) -> bool {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_file() => {}
+        _ => return false,
+    }
+    nix::sys::statfs::statfs(path)
+        .map(|s| s.filesystem_type().0 as i64 == NSFS_MAGIC)
+        .unwrap_or(false)
+}
+
+/// What [`remove`] found and did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Removed {
+    /// It was an nsfs mount: unmounted and unlinked.
+    Namespace,
+    /// An empty plain file (a namespace file whose mount is gone): unlinked.
+    StaleFile,
+    /// Nothing there.
+    Absent,
+}
+
+/// Closes a pinned namespace: lazy unmount, then unlink with a bounded EBUSY retry. A missing
+/// path is success. A path that is not nsfs is never unmounted; an empty regular file (our own
+/// stale placeholder) is unlinked; anything else (a directory, a symlink, a non-empty file) is
+/// refused and left alone.
+pub fn remove(path: &Path) -> Result<Removed, HostError> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Removed::Absent),
+        Err(e) => return Err(HostError::io("inspect namespace file", path, e)),
+    };
+    let what = if is_nsfs(path) {
+        // Unmount every stacked mount: a retried pin could have mounted twice.
+        for _ in 0..8 {
+            match umount2(path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
+                Ok(()) => {}
+                Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => break,
+                Err(e) => return Err(HostError::sys("unmount namespace", path, e)),
+            }
+            if !is_nsfs(path) {
+                break;
+            }
+        }
+        Removed::Namespace
+    } else if meta.file_type().is_file() && meta.size() == 0 {
+        Removed::StaleFile
+    } else {
+        return Err(HostError::Other(format!(
+            "refusing to remove {}: it is not a namespace file",
+            path.display()
+        )));
+    };
+    let mut delay = Duration::from_millis(1);
+    for _ in 0..10 {
+        match std::fs::remove_file(path) {
+            Ok(()) => return Ok(what),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(what),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(delay);
+                delay *= 2;
+            }
+            Err(e) => return Err(HostError::io("remove namespace file", path, e)),
+        }
+    }
+    Err(HostError::Other(format!(
+        "{} stayed busy after 10 removal attempts",
+        path.display()
+    )))
+}

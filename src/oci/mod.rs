@@ -1,0 +1,8 @@
+//! The OCI runtime driven by process calls (runc, crun, or any runtime with their CLI), with
+//! every container created under a `sandboxd-monitor` so it outlives the daemon, and its pid
+//! and exit status learned from files the monitor writes.
+
+mod runtime;
+pub mod spec;
+
+pub use runtime::{ContainerFiles, ExitInfo, OciRuntime, RuntimeError, RuntimeState};

@@ -1,0 +1,383 @@
+//! OCI bundle generation with `oci-spec`: the infra (pause) container's spec. The infra
+//! rootfs is prepared by the daemon (one static binary, read-only), so no image is needed.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use oci_spec::runtime::{
+    Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxNamespace, LinuxNamespaceBuilder,
+    LinuxNamespaceType, Mount, MountBuilder, ProcessBuilder, RootBuilder, Spec, SpecBuilder,
+    UserBuilder,
+};
+
+use crate::error::HostError;
+
+/// The capabilities a default container gets (containerd's and CRI-O's default set).
+pub const DEFAULT_CAPABILITIES: &[caps::Capability] = &[
+    caps::Capability::CAP_CHOWN,
+    caps::Capability::CAP_DAC_OVERRIDE,
+    caps::Capability::CAP_FSETID,
+    caps::Capability::CAP_FOWNER,
+    caps::Capability::CAP_MKNOD,
+    caps::Capability::CAP_NET_RAW,
+    caps::Capability::CAP_SETGID,
+    caps::Capability::CAP_SETUID,
+    caps::Capability::CAP_SETFCAP,
+    caps::Capability::CAP_SETPCAP,
+    caps::Capability::CAP_NET_BIND_SERVICE,
+    caps::Capability::CAP_SYS_CHROOT,
+    caps::Capability::CAP_KILL,
+    caps::Capability::CAP_AUDIT_WRITE,
+];
+
+/// Converts a capability named by the `caps` crate into the OCI spec's type.
+pub fn oci_capability(c: caps::Capability) -> Capability {
+    serde_json::from_value(serde_json::Value::String(c.to_string()))
+        .expect("every caps::Capability name is an OCI capability name")
+}
+
+/// What the infra container needs to know about its pod.
+#[derive(Debug, Clone)]
+pub struct InfraSpec {
+    pub sandbox_id: String,
+    pub rootfs: PathBuf,
+    pub hostname: String,
+    /// Join this network namespace by path; `None` = the host's.
+    pub netns: Option<PathBuf>,
+    pub host_ipc: bool,
+    pub host_pid: bool,
+    /// The pod's shm tmpfs, bound as /dev/shm (None with host IPC).
+    pub shm: Option<PathBuf>,
+    pub resolv_conf: PathBuf,
+    pub hosts: PathBuf,
+    pub hostname_file: PathBuf,
+    pub cgroups_path: String,
+    pub oom_score_adj: i32,
+}
+
+fn ns(typ: LinuxNamespaceType, path: Option<&Path>) -> LinuxNamespace {
+    let b = LinuxNamespaceBuilder::default().typ(typ);
+    match path {
+        Some(p) => b.path(p.to_path_buf()),
+        None => b,
+    }
+    .build()
+    .expect("namespace fields are set")
+}
+
+fn mount(dest: &str, typ: &str, source: &Path, options: &[&str]) -> Result<Mount, HostError> {
+    MountBuilder::default()
+        .destination(PathBuf::from(dest))
+        .typ(typ.to_string())
+        .source(source.to_path_buf())
+        .options(options.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        .build()
+        .map_err(|e| HostError::Other(format!("mount {dest}: {e}")))
+}
+
+/// Builds the infra container's spec.
+pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
+    let err = |what: &str, e: oci_spec::OciSpecError| HostError::Other(format!("{what}: {e}"));
+    let caps: HashSet<Capability> = DEFAULT_CAPABILITIES
+        .iter()
+        .map(|c| oci_capability(*c))
+        .collect();
+    let capabilities = LinuxCapabilitiesBuilder::default()
+        .bounding(caps.clone())
+        .effective(caps.clone())
+        .permitted(caps)
+        .build()
+        .map_err(|e| err("capabilities", e))?;
+    let process = ProcessBuilder::default()
+        .terminal(false)
+        .user(
+            UserBuilder::default()
+                .uid(0u32)
+                .gid(0u32)
+                .build()
+                .map_err(|e| err("user", e))?,
+        )
+        .args(vec!["/pause".to_string()])
+        .env(vec![
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+        ])
+        .cwd("/")
+        .no_new_privileges(true)
+        .capabilities(capabilities)
+        .oom_score_adj(s.oom_score_adj)
+        .build()
+        .map_err(|e| err("process", e))?;
+
+    let mut namespaces = vec![ns(LinuxNamespaceType::Mount, None)];
+    if !s.host_pid {
+        namespaces.push(ns(LinuxNamespaceType::Pid, None));
+    }
+    if !s.host_ipc {
+        namespaces.push(ns(LinuxNamespaceType::Ipc, None));
+    }
+    if let Some(netns) = &s.netns {
+        namespaces.push(ns(LinuxNamespaceType::Network, Some(netns)));
+        namespaces.push(ns(LinuxNamespaceType::Uts, None));
+    }
+
+    let mut mounts = vec![
+        mount(
+            "/proc",
+            "proc",
+            Path::new("proc"),
+            &["nosuid", "noexec", "nodev"],
+        )?,
+        mount(
+            "/dev",
+            "tmpfs",
+            Path::new("tmpfs"),
+            &["nosuid", "strictatime", "mode=755", "size=65536k"],
+        )?,
+        mount(
+            "/dev/pts",
+            "devpts",
+            Path::new("devpts"),
+            &[
+                "nosuid",
+                "noexec",
+                "newinstance",
+                "ptmxmode=0666",
+                "mode=0620",
+                "gid=5",
+            ],
+        )?,
+    ];
+    if s.netns.is_some() {
+        mounts.push(mount(
+            "/sys",
+            "sysfs",
+            Path::new("sysfs"),
+            &["nosuid", "noexec", "nodev", "ro"],
+        )?);
+    } else {
+        // A sysfs mount needs its own network namespace; share the host's read-only.
+        mounts.push(mount(
+            "/sys",
+            "bind",
+            Path::new("/sys"),
+            &["rbind", "nosuid", "noexec", "nodev", "ro"],
+        )?);
+    }
+    match (&s.shm, s.host_ipc) {
+        (Some(shm), _) => mounts.push(mount(
+            "/dev/shm",
+            "bind",
+            shm,
+            &["rbind", "nosuid", "nodev", "noexec"],
+        )?),
+        (None, true) => mounts.push(mount(
+            "/dev/shm",
+            "bind",
+            Path::new("/dev/shm"),
+            &["rbind", "nosuid", "nodev", "noexec"],
+        )?),
+        (None, false) => mounts.push(mount(
+            "/dev/shm",
+            "tmpfs",
+            Path::new("shm"),
+            &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+        )?),
+    }
+    if s.host_ipc {
+        mounts.push(mount(
+            "/dev/mqueue",
+            "bind",
+            Path::new("/dev/mqueue"),
+            &["rbind", "nosuid", "noexec", "nodev"],
+        )?);
+    } else {
+        mounts.push(mount(
+            "/dev/mqueue",
+            "mqueue",
+            Path::new("mqueue"),
+            &["nosuid", "noexec", "nodev"],
+        )?);
+    }
+    for (dest, src) in [
+        ("/etc/resolv.conf", &s.resolv_conf),
+        ("/etc/hosts", &s.hosts),
+        ("/etc/hostname", &s.hostname_file),
+    ] {
+        mounts.push(mount(
+            dest,
+            "bind",
+            src,
+            &["rbind", "ro", "nosuid", "nodev", "noexec"],
+        )?);
+    }
+
+    let defaults = oci_spec::runtime::Linux::default();
+    let linux = LinuxBuilder::default()
+        .namespaces(namespaces)
+        .cgroups_path(PathBuf::from(&s.cgroups_path))
+        .masked_paths(defaults.masked_paths().clone().unwrap_or_default())
+        .readonly_paths(defaults.readonly_paths().clone().unwrap_or_default())
+        .build()
+        .map_err(|e| err("linux", e))?;
+    let mut annotations = HashMap::new();
+    annotations.insert(
+        "io.kubernetes.cri.container-type".to_string(),
+        "sandbox".to_string(),
+    );
+    annotations.insert(
+        "io.kubernetes.cri.sandbox-id".to_string(),
+        s.sandbox_id.clone(),
+    );
+    let mut b = SpecBuilder::default()
+        .version("1.0.2")
+        .process(process)
+        .root(
+            RootBuilder::default()
+                .path(s.rootfs.clone())
+                .readonly(true)
+                .build()
+                .map_err(|e| err("root", e))?,
+        )
+        .mounts(mounts)
+        .linux(linux)
+        .annotations(annotations);
+    if s.netns.is_some() {
+        b = b.hostname(s.hostname.clone());
+    }
+    b.build().map_err(|e| err("spec", e))
+}
+
+/// Prepares the shared, read-only infra rootfs under `dir`: the static pause binary as
+/// `/pause` plus the mount points the spec needs. Refreshing it while infra containers run is
+/// safe: the binary is replaced by rename, running processes keep the old inode.
+pub fn prepare_infra_rootfs(dir: &Path, pause: &Path) -> Result<(), HostError> {
+    for d in ["proc", "dev", "sys", "etc", "dev/shm"] {
+        let p = dir.join(d);
+        std::fs::create_dir_all(&p).map_err(|e| HostError::io("create", &p, e))?;
+    }
+    for f in ["etc/resolv.conf", "etc/hosts", "etc/hostname"] {
+        let p = dir.join(f);
+        if !p.exists() {
+            std::fs::write(&p, b"").map_err(|e| HostError::io("create", &p, e))?;
+        }
+    }
+    if is_dynamic_elf(pause)? {
+        return Err(HostError::Other(format!(
+            "{} is dynamically linked; the infra rootfs holds only this one file, so it must be \
+             static (build it with scripts/build-shims)",
+            pause.display()
+        )));
+    }
+    let target = dir.join("pause");
+    let tmp = dir.join(".pause.tmp");
+    std::fs::copy(pause, &tmp).map_err(|e| HostError::io("copy pause binary to", &tmp, e))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| HostError::io("chmod", &tmp, e))?;
+    std::fs::rename(&tmp, &target).map_err(|e| HostError::io("install", &target, e))
+}
+
+/// Does this ELF file ask for a program interpreter (PT_INTERP), i.e. need a dynamic loader?
+fn is_dynamic_elf(path: &Path) -> Result<bool, HostError> {
+    let data = std::fs::read(path).map_err(|e| HostError::io("read", path, e))?;
+    let bad = || {
+        HostError::Other(format!(
+            "{} is not a 64-bit little-endian ELF file",
+            path.display()
+        ))
+    };
+    if data.len() < 64 || &data[..4] != b"\x7fELF" || data[4] != 2 || data[5] != 1 {
+        return Err(bad());
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([data[o], data[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(data[32..40].try_into().map_err(|_| bad())?) as usize;
+    let (phentsize, phnum) = (u16_at(54), u16_at(56));
+    for i in 0..phnum {
+        let o = phoff + i * phentsize;
+        if o + 4 > data.len() {
+            return Err(bad());
+        }
+        if u32::from_le_bytes(data[o..o + 4].try_into().map_err(|_| bad())?) == 3 {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The OOM score adjustment to ask for: `wanted`, but never below the daemon's own value
+/// (a process without CAP_SYS_RESOURCE cannot lower it; containerd's restrict_oom_score_adj).
+pub fn clamp_oom_score_adj(wanted: i32) -> i32 {
+    let own = std::fs::read_to_string("/proc/self/oom_score_adj")
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .unwrap_or(0);
+    wanted.max(own)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(netns: Option<&str>) -> Spec {
+        infra(&InfraSpec {
+            sandbox_id: "abc".into(),
+            rootfs: "/r".into(),
+            hostname: "h".into(),
+            netns: netns.map(PathBuf::from),
+            host_ipc: false,
+            host_pid: false,
+            shm: Some("/s/shm".into()),
+            resolv_conf: "/s/resolv.conf".into(),
+            hosts: "/s/hosts".into(),
+            hostname_file: "/s/hostname".into(),
+            cgroups_path: "/sandboxd/abc".into(),
+            oom_score_adj: -998,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn joins_netns_by_path() {
+        let s = spec(Some("/run/netns/x"));
+        let v = serde_json::to_value(&s).unwrap();
+        let nss = v["linux"]["namespaces"].as_array().unwrap();
+        assert!(nss
+            .iter()
+            .any(|n| n["type"] == "network" && n["path"] == "/run/netns/x"));
+        assert!(nss.iter().any(|n| n["type"] == "uts"));
+        assert_eq!(v["hostname"], "h");
+        assert_eq!(v["root"]["readonly"], true);
+        assert_eq!(v["process"]["noNewPrivileges"], true);
+        let mounts = v["mounts"].as_array().unwrap();
+        assert!(mounts
+            .iter()
+            .any(|m| m["destination"] == "/dev/shm" && m["source"] == "/s/shm"));
+        assert!(v["process"]["capabilities"]["bounding"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c == "CAP_NET_RAW"));
+        assert!(!v["linux"]["maskedPaths"].as_array().unwrap().is_empty());
+    }
+
+    #[test]
+    fn host_network_has_no_netns() {
+        let v = serde_json::to_value(spec(None)).unwrap();
+        let nss = v["linux"]["namespaces"].as_array().unwrap();
+        assert!(!nss
+            .iter()
+            .any(|n| n["type"] == "network" || n["type"] == "uts"));
+    }
+
+    #[test]
+    fn detects_dynamic_elf() {
+        assert!(is_dynamic_elf(Path::new("/bin/sh")).unwrap());
+        assert!(is_dynamic_elf(Path::new("/etc/hostname")).is_err());
+    }
+
+    #[test]
+    fn oom_clamp_never_below_own() {
+        assert!(clamp_oom_score_adj(-1000) >= -1000);
+        assert_eq!(clamp_oom_score_adj(1000), 1000);
+    }
+}

@@ -1,0 +1,208 @@
+//! Restore after a restart: load every record, roll back the half-created, re-reserve names,
+//! reconcile Ready sandboxes against the runtime, and collect what no record references
+//! (namespace files with our prefix, record-less dirs, CNI cache entries, runtime containers).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use super::run::update;
+use super::*;
+use crate::cni::CacheEntry;
+use crate::error::Result;
+use crate::{lock, validate, Runtime, SandboxEntry};
+
+pub(crate) fn restore(rt: &Runtime) -> Result<()> {
+    let dir = rt.cfg.root.join("sandboxes");
+    let entries =
+        std::fs::read_dir(&dir).map_err(|e| crate::error::HostError::io("read", &dir, e))?;
+    for e in entries.filter_map(|e| e.ok()) {
+        let path = e.path();
+        let Some(id) = e.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        if validate::full_id(&id).is_err() || !e.file_type().is_ok_and(|t| t.is_dir()) {
+            tracing::warn!(path = %path.display(), "ignoring unexpected entry in the sandbox dir");
+            continue;
+        }
+        match crate::state::read_json::<SandboxRecord>(&path.join("state.json")) {
+            Ok(Some(rec)) if rec.id == id => {
+                restore_one(rt, rec);
+            }
+            Ok(Some(_)) => {
+                tracing::warn!(sandbox_id = %id, "record names another id; leaving it alone")
+            }
+            Ok(None) => {
+                tracing::info!(sandbox_id = %id, "removing sandbox dir without a record");
+                if let Err(e) = super::remove::remove_orphan_dir(&path) {
+                    tracing::warn!(sandbox_id = %id, error = %e, "cannot remove orphan sandbox dir");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(sandbox_id = %id, error = %e, "unreadable sandbox record; leaving it alone")
+            }
+        }
+    }
+    collect_namespaces(rt);
+    collect_cni(rt);
+    collect_runtime_containers(rt);
+    Ok(())
+}
+
+fn restore_one(rt: &Runtime, rec: SandboxRecord) {
+    let id = rec.id.clone();
+    let name = rec.name.clone();
+    let state = rec.state;
+    let entry = Arc::new(SandboxEntry {
+        op: Mutex::new(()),
+        record: Mutex::new(rec),
+    });
+    {
+        let mut reg = lock(&rt.registry);
+        if let Err(e) = reg.names.reserve(&name, &id) {
+            tracing::warn!(sandbox_id = %id, error = %e, "name conflict on restore");
+        }
+        reg.ids.insert(&id);
+        reg.sandboxes.insert(id.clone(), entry.clone());
+    }
+    match state {
+        SandboxState::Creating => {
+            tracing::info!(sandbox_id = %id, "rolling back a sandbox whose creation was interrupted");
+            match super::remove::teardown(rt, &entry, true) {
+                Ok(()) => super::remove::unregister(rt, &entry),
+                Err(e) => {
+                    tracing::warn!(sandbox_id = %id, error = %e, "rollback incomplete; left NotReady for Stop/Remove")
+                }
+            }
+        }
+        SandboxState::Ready => reconcile_ready(rt, &entry),
+        SandboxState::NotReady => {}
+    }
+    retry_given_up_network(rt, &entry);
+}
+
+/// A Ready sandbox whose infra process died while we were away is NotReady now (kubelet
+/// then recreates the pod), as is one whose network namespace is gone.
+fn reconcile_ready(rt: &Runtime, entry: &SandboxEntry) {
+    let rec = lock(&entry.record).clone();
+    let mut healthy = rec.netns.as_ref().is_none_or(|p| crate::netns::is_nsfs(p));
+    if let (Some(infra), Ok(runtime)) = (&rec.infra, rt.handler(&rec.runtime_handler)) {
+        let running = matches!(runtime.state(&infra.id), Ok(Some(s)) if s.status == "running");
+        healthy &= running;
+    }
+    if !healthy {
+        tracing::warn!(sandbox_id = %rec.id, "sandbox lost its infra process or netns while the daemon was down");
+        let _ = update(entry, |r| r.state = SandboxState::NotReady);
+    }
+}
+
+fn retry_given_up_network(rt: &Runtime, entry: &SandboxEntry) {
+    let rec = lock(&entry.record).clone();
+    if !rec.network.gave_up {
+        return;
+    }
+    if let Some(CacheEntry {
+        list,
+        mut attachment,
+        result,
+    }) = rt.cni.load_cache(&rec.id)
+    {
+        attachment.netns = None;
+        if rt.cni.del(&list, &attachment, result.as_ref()).is_ok() {
+            let _ = rt.cni.remove_cache(&rec.id);
+            let _ = update(entry, |r| {
+                r.network.gave_up = false;
+                r.network.last_del_error = None;
+            });
+        }
+    }
+}
+
+/// Namespace files carrying this root's prefix that no record references.
+fn collect_namespaces(rt: &Runtime) {
+    let referenced: HashSet<std::path::PathBuf> = lock(&rt.registry)
+        .sandboxes
+        .values()
+        .flat_map(|e| {
+            let r = lock(&e.record);
+            [r.netns.clone(), r.ipcns.clone(), r.utsns.clone()]
+        })
+        .flatten()
+        .collect();
+    let prefix = rt.ns_prefix();
+    for dir in [&rt.cfg.netns_dir, &rt.cfg.ipcns_dir, &rt.cfg.utsns_dir] {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for e in rd.filter_map(|e| e.ok()) {
+            let p = e.path();
+            let ours = e
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(&prefix));
+            if ours && !referenced.contains(&p) {
+                tracing::info!(path = %p.display(), "removing unreferenced namespace file");
+                if let Err(err) = crate::netns::remove(&p) {
+                    tracing::warn!(path = %p.display(), error = %err, "cannot remove namespace file");
+                }
+            }
+        }
+    }
+}
+
+/// CNI cache entries without a sandbox: their network was set up (or half set up) and never
+/// torn down. DEL them with an empty netns so IPAM reservations are released.
+fn collect_cni(rt: &Runtime) {
+    let registered: HashSet<String> = lock(&rt.registry).sandboxes.keys().cloned().collect();
+    for id in rt.cni.cached_ids() {
+        if registered.contains(&id) {
+            continue;
+        }
+        match rt.cni.load_cache(&id) {
+            Some(CacheEntry {
+                list,
+                mut attachment,
+                result,
+            }) => {
+                attachment.netns = None;
+                match rt.cni.del(&list, &attachment, result.as_ref()) {
+                    Ok(()) => {
+                        let _ = rt.cni.remove_cache(&id);
+                    }
+                    Err(e) => {
+                        tracing::warn!(sandbox_id = %id, error = %e, "CNI DEL of an orphaned network failed; will retry at next start")
+                    }
+                }
+            }
+            None => {
+                let _ = rt.cni.remove_cache(&id);
+            }
+        }
+    }
+}
+
+/// Runtime containers under our runtime roots that no record references.
+fn collect_runtime_containers(rt: &Runtime) {
+    let registered: HashSet<String> = lock(&rt.registry).sandboxes.keys().cloned().collect();
+    for runtime in rt.runtimes.values() {
+        let Ok(rd) = std::fs::read_dir(&runtime.root) else {
+            continue;
+        };
+        for e in rd.filter_map(|e| e.ok()) {
+            let Some(id) = e.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            if validate::full_id(&id).is_err() || registered.contains(&id) {
+                continue;
+            }
+            tracing::info!(container_id = %id, runtime = %runtime.name, "deleting unreferenced runtime container");
+            let log = rt
+                .cfg
+                .root
+                .join("runtime")
+                .join(format!("{}-gc.log", runtime.name));
+            if let Err(err) = runtime.delete(&id, &log) {
+                tracing::warn!(container_id = %id, error = %err, "cannot delete runtime container");
+            }
+        }
+    }
+}

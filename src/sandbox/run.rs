@@ -1,0 +1,478 @@
+//! RunPodSandbox: validate → reserve name → record `creating` → sandbox dir → namespaces →
+//! CNI ADD → shm → infra (only when needed) → record `ready`. A failure undoes every earlier
+//! step, newest first (the teardown reads the record, which names each resource before it is
+//! created), and releases the name.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use super::*;
+use crate::cni::{Attachment, CacheEntry, NetworkList};
+use crate::config::InfraPolicy;
+use crate::error::{Error, HostError, Result};
+use crate::oci::{spec, ContainerFiles};
+use crate::{failpoint, lock, validate, Runtime, SandboxEntry};
+
+/// Upper bounds on what a request may carry (Kubernetes' own limits are in the same range).
+const MAX_LABELS: usize = 1024;
+const MAX_METADATA_BYTES: usize = 256 * 1024;
+
+/// What validation decided, before anything is touched.
+struct Plan {
+    handler: String,
+    infra: bool,
+    network: Option<NetworkList>,
+    hostname: String,
+}
+
+pub(crate) fn run(rt: &Runtime, config: &PodSandboxConfig) -> Result<String> {
+    let plan = validate_config(rt, config)?;
+    let name = config.reserved_name();
+
+    // Reserve the name, or find who holds it.
+    let id = validate::new_id();
+    let (entry, holder) = {
+        let mut reg = lock(&rt.registry);
+        match reg.names.holder(&name).map(str::to_string) {
+            Some(holder) => (
+                None,
+                reg.sandboxes.get(&holder).cloned().map(|e| (holder, e)),
+            ),
+            None => {
+                reg.names.reserve(&name, &id)?;
+                reg.ids.insert(&id);
+                let record = new_record(rt, &id, &name, config, &plan);
+                let entry = Arc::new(SandboxEntry {
+                    op: Mutex::new(()),
+                    record: Mutex::new(record),
+                });
+                reg.sandboxes.insert(id.clone(), entry.clone());
+                (Some(entry), None)
+            }
+        }
+    };
+    let Some(entry) = entry else {
+        return retried(&name, config, holder);
+    };
+    let _op = lock(&entry.op);
+    tracing::info!(sandbox_id = %id, name = %name, infra = plan.infra, "running pod sandbox");
+    match create(rt, &entry, config, &plan) {
+        Ok(()) => Ok(id),
+        Err(err) => {
+            tracing::warn!(sandbox_id = %id, error = %err, "pod sandbox creation failed; rolling back");
+            match super::remove::teardown(rt, &entry, true) {
+                Ok(()) => {
+                    super::remove::unregister(rt, &entry);
+                    Err(err)
+                }
+                Err(undo) => {
+                    // Keep the record (NotReady, name reserved) so Stop/Remove finish the job.
+                    Err(Error::Many(vec![err, Error::step("roll back", &id, undo)]))
+                }
+            }
+        }
+    }
+}
+
+/// A request for a name that is already held: the same request retried gets the same id once
+/// that sandbox is ready (waiting for it while it is still being created).
+fn retried(
+    name: &str,
+    config: &PodSandboxConfig,
+    holder: Option<(String, Arc<SandboxEntry>)>,
+) -> Result<String> {
+    let Some((holder_id, entry)) = holder else {
+        return Err(Error::NameReserved {
+            name: name.to_string(),
+            holder: "an unregistered sandbox".into(),
+        });
+    };
+    drop(lock(&entry.op)); // waits while that sandbox is being created
+    let r = lock(&entry.record);
+    if r.state == SandboxState::Ready && r.config == *config {
+        return Ok(holder_id);
+    }
+    Err(Error::NameReserved {
+        name: name.to_string(),
+        holder: holder_id,
+    })
+}
+
+fn new_record(
+    rt: &Runtime,
+    id: &str,
+    name: &str,
+    config: &PodSandboxConfig,
+    plan: &Plan,
+) -> SandboxRecord {
+    SandboxRecord {
+        id: id.to_string(),
+        name: name.to_string(),
+        config: config.clone(),
+        state: SandboxState::Creating,
+        created_at: now_nanos(),
+        runtime_handler: plan.handler.clone(),
+        infra_mode: if plan.infra {
+            InfraMode::Process
+        } else {
+            InfraMode::Pinned
+        },
+        dir: rt.cfg.root.join("sandboxes").join(id),
+        netns: None,
+        ipcns: None,
+        utsns: None,
+        shm: None,
+        network: NetworkRecord::default(),
+        infra: None,
+        stop: StopRecord::default(),
+    }
+}
+
+/// Applies `f` to the record and persists it atomically. Before the sandbox dir exists (a
+/// rollback of a run that failed that early) the update stays in memory.
+pub(crate) fn update(entry: &SandboxEntry, f: impl FnOnce(&mut SandboxRecord)) -> Result<()> {
+    let mut r = lock(&entry.record);
+    f(&mut r);
+    if !r.dir.is_dir() {
+        return Ok(());
+    }
+    crate::state::write_json_atomic(&r.state_file(), &*r)
+        .map_err(|e| Error::step("persist sandbox state", &r.id, e))
+}
+
+fn create(
+    rt: &Runtime,
+    entry: &SandboxEntry,
+    config: &PodSandboxConfig,
+    plan: &Plan,
+) -> Result<()> {
+    let (id, dir) = {
+        let r = lock(&entry.record);
+        (r.id.clone(), r.dir.clone())
+    };
+    // Record first: the dir holds the record.
+    std::fs::create_dir(&dir)
+        .map_err(|e| Error::step("create sandbox dir", &id, HostError::io("create", &dir, e)))?;
+    update(entry, |_| {})?;
+    failpoint::hit("run:recorded");
+
+    write_sandbox_files(&dir, config, &plan.hostname)
+        .map_err(|e| Error::step("write sandbox files", &id, e))?;
+    failpoint::hit("run:dir");
+
+    // Namespaces: the network one unless host network; IPC and UTS pinned too when no infra
+    // process will hold them.
+    let ns_name = rt.ns_name(&id);
+    let pin = crate::netns::PinRequest {
+        net: (!config.host_network()).then(|| rt.cfg.netns_dir.join(&ns_name)),
+        ipc: (!plan.infra && !config.host_ipc()).then(|| rt.cfg.ipcns_dir.join(&ns_name)),
+        uts: (!plan.infra && !config.host_network()).then(|| rt.cfg.utsns_dir.join(&ns_name)),
+        hostname: Some(plan.hostname.clone()),
+    };
+    update(entry, |r| {
+        r.netns = pin.net.clone();
+        r.ipcns = pin.ipc.clone();
+        r.utsns = pin.uts.clone();
+    })?;
+    crate::netns::pin(&pin).map_err(|e| Error::step("create namespaces", &id, e))?;
+    failpoint::hit("run:netns");
+
+    if let (Some(list), Some(netns)) = (&plan.network, &pin.net) {
+        let att = Attachment {
+            container_id: id.clone(),
+            netns: Some(netns.clone()),
+            ifname: "eth0".into(),
+            pod_name: config.metadata.name.clone(),
+            pod_namespace: config.metadata.namespace.clone(),
+            pod_uid: config.metadata.uid.clone(),
+            port_mappings: config.port_mappings.clone(),
+        };
+        let mut cache = CacheEntry {
+            list: list.clone(),
+            attachment: att.clone(),
+            result: None,
+        };
+        rt.cni
+            .save_cache(&id, &cache)
+            .map_err(|e| Error::step("cache network config", &id, e))?;
+        update(entry, |r| r.network.setup_started = true)?;
+        let result = rt
+            .cni
+            .add(list, &att)
+            .map_err(|e| Error::step("set up network", &id, e))?;
+        let ips = crate::cni::result_ips(&result);
+        cache.result = Some(result);
+        rt.cni
+            .save_cache(&id, &cache)
+            .map_err(|e| Error::step("cache network result", &id, e))?;
+        update(entry, |r| r.network.ips = ips)?;
+        failpoint::hit("run:cni-add");
+    }
+
+    if !config.host_ipc() {
+        let shm = dir.join("shm");
+        update(entry, |r| r.shm = Some(shm.clone()))?;
+        crate::mounts::mount_shm(&shm, rt.cfg.shm_size)
+            .map_err(|e| Error::step("mount shm", &id, e))?;
+        failpoint::hit("run:shm");
+    }
+
+    if plan.infra {
+        start_infra(rt, entry, config, plan, &id, &dir, pin.net.clone())?;
+    }
+    update(entry, |r| r.state = SandboxState::Ready)
+}
+
+fn start_infra(
+    rt: &Runtime,
+    entry: &SandboxEntry,
+    config: &PodSandboxConfig,
+    plan: &Plan,
+    id: &str,
+    dir: &std::path::Path,
+    netns: Option<PathBuf>,
+) -> Result<()> {
+    let runtime = rt.handler(&plan.handler)?;
+    let rootfs = rt
+        .infra_rootfs
+        .clone()
+        .ok_or_else(|| Error::Config("no sandboxd-pause binary found (set pause_path)".into()))?;
+    let infra_dir = dir.join("infra");
+    std::fs::create_dir_all(&infra_dir).map_err(|e| {
+        Error::step(
+            "create infra dir",
+            id,
+            HostError::io("create", &infra_dir, e),
+        )
+    })?;
+    let cgroup_parent = if config.cgroup_parent.is_empty() {
+        rt.cfg.cgroup_parent.clone()
+    } else {
+        config.cgroup_parent.clone()
+    };
+    let s = spec::infra(&spec::InfraSpec {
+        sandbox_id: id.to_string(),
+        rootfs,
+        hostname: plan.hostname.clone(),
+        netns,
+        host_ipc: config.host_ipc(),
+        host_pid: config.host_pid(),
+        shm: lock(&entry.record).shm.clone(),
+        resolv_conf: dir.join("resolv.conf"),
+        hosts: dir.join("hosts"),
+        hostname_file: dir.join("hostname"),
+        cgroups_path: format!("{}/sandboxd-{}", cgroup_parent.trim_end_matches('/'), id),
+        oom_score_adj: spec::clamp_oom_score_adj(-998),
+    })
+    .map_err(|e| Error::step("generate infra spec", id, e))?;
+    s.save(infra_dir.join("config.json"))
+        .map_err(|e| Error::step("write infra bundle", id, HostError::Other(e.to_string())))?;
+    update(entry, |r| {
+        r.infra = Some(InfraRecord {
+            id: id.to_string(),
+            ..InfraRecord::default()
+        })
+    })?;
+    let files = ContainerFiles::in_dir(&infra_dir, None);
+    let pid = runtime
+        .create(id, &infra_dir, &files)
+        .map_err(|e| Error::step("create infra container", id, e))?;
+    update(entry, |r| {
+        if let Some(i) = r.infra.as_mut() {
+            i.created = true;
+            i.pid = pid;
+        }
+    })?;
+    failpoint::hit("run:infra-created");
+    runtime
+        .start(id, &files.runtime_log)
+        .map_err(|e| Error::step("start infra container", id, e))?;
+    update(entry, |r| {
+        if let Some(i) = r.infra.as_mut() {
+            i.started = true;
+        }
+    })?;
+    failpoint::hit("run:infra-started");
+    Ok(())
+}
+
+fn write_sandbox_files(
+    dir: &std::path::Path,
+    config: &PodSandboxConfig,
+    hostname: &str,
+) -> Result<(), HostError> {
+    let write = |name: &str, data: &[u8]| {
+        let p = dir.join(name);
+        std::fs::write(&p, data).map_err(|e| HostError::io("write", &p, e))
+    };
+    write("hostname", format!("{hostname}\n").as_bytes())?;
+    write(
+        "hosts",
+        b"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\nff00::0\tip6-mcastprefix\n",
+    )?;
+    let resolv = match &config.dns {
+        Some(dns)
+            if !(dns.servers.is_empty() && dns.searches.is_empty() && dns.options.is_empty()) =>
+        {
+            let mut s = String::new();
+            if !dns.searches.is_empty() {
+                s += &format!("search {}\n", dns.searches.join(" "));
+            }
+            for srv in &dns.servers {
+                s += &format!("nameserver {srv}\n");
+            }
+            if !dns.options.is_empty() {
+                s += &format!("options {}\n", dns.options.join(" "));
+            }
+            s.into_bytes()
+        }
+        _ => std::fs::read("/etc/resolv.conf").unwrap_or_default(),
+    };
+    write("resolv.conf", &resolv)
+}
+
+/// Checks the whole request before anything on the host is touched.
+fn validate_config(rt: &Runtime, c: &PodSandboxConfig) -> Result<Plan> {
+    let m = &c.metadata;
+    validate::name("metadata.name", &m.name)?;
+    validate::name("metadata.namespace", &m.namespace)?;
+    validate::name("metadata.uid", &m.uid)?;
+    if c.labels.len() > MAX_LABELS || c.annotations.len() > MAX_LABELS {
+        return Err(Error::InvalidArgument(format!(
+            "at most {MAX_LABELS} labels and {MAX_LABELS} annotations are accepted"
+        )));
+    }
+    let size: usize = c
+        .labels
+        .iter()
+        .chain(&c.annotations)
+        .map(|(k, v)| k.len() + v.len())
+        .sum();
+    if size > MAX_METADATA_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "labels and annotations total {size} bytes, the limit is {MAX_METADATA_BYTES}"
+        )));
+    }
+    if c.labels
+        .keys()
+        .chain(c.annotations.keys())
+        .any(|k| k.is_empty())
+    {
+        return Err(Error::InvalidArgument(
+            "label and annotation keys must not be empty".into(),
+        ));
+    }
+    let hostname = if c.hostname.is_empty() {
+        m.name.chars().take(63).collect::<String>()
+    } else {
+        c.hostname.clone()
+    };
+    validate::hostname(&hostname)?;
+    if !c.log_directory.is_empty() && !c.log_directory.starts_with('/') {
+        return Err(Error::InvalidArgument(format!(
+            "log_directory {:?} must be an absolute path",
+            c.log_directory
+        )));
+    }
+    if !c.cgroup_parent.is_empty()
+        && (!c.cgroup_parent.starts_with('/')
+            || c.cgroup_parent.split('/').any(|s| s == ".." || s == "."))
+    {
+        return Err(Error::InvalidArgument(format!(
+            "linux.cgroup_parent {:?} must be an absolute path without \".\" or \"..\"",
+            c.cgroup_parent
+        )));
+    }
+    if let Some(dns) = &c.dns {
+        for s in &dns.servers {
+            s.parse::<IpAddr>().map_err(|_| {
+                Error::InvalidArgument(format!("dns_config.servers: {s:?} is not an IP address"))
+            })?;
+        }
+        if dns.searches.len() > 32 {
+            return Err(Error::InvalidArgument(
+                "dns_config.searches: more than 32 domains".into(),
+            ));
+        }
+        if dns
+            .searches
+            .iter()
+            .chain(&dns.options)
+            .any(|s| s.is_empty() || s.contains(char::is_whitespace))
+        {
+            return Err(Error::InvalidArgument(
+                "dns_config.searches and options must be non-empty words without whitespace".into(),
+            ));
+        }
+    }
+    for p in &c.port_mappings {
+        if p.container_port == 0 || !matches!(p.protocol.as_str(), "tcp" | "udp" | "sctp") {
+            return Err(Error::InvalidArgument(format!(
+                "port_mappings: {p:?} needs a non-zero container_port and protocol tcp, udp or sctp"
+            )));
+        }
+    }
+    if c.namespace_options.network == NamespaceMode::Target
+        || c.namespace_options.network == NamespaceMode::Container
+        || c.namespace_options.ipc == NamespaceMode::Target
+        || c.namespace_options.ipc == NamespaceMode::Container
+    {
+        return Err(Error::InvalidArgument(
+            "namespace_options: network and ipc must be POD or NODE".into(),
+        ));
+    }
+    if c.namespace_options.pid == NamespaceMode::Target {
+        return Err(Error::InvalidArgument(
+            "namespace_options.pid TARGET applies to containers, not sandboxes".into(),
+        ));
+    }
+    let handler_name = if c.runtime_handler.is_empty() {
+        rt.cfg.default_runtime.clone()
+    } else {
+        c.runtime_handler.clone()
+    };
+    let runtime = rt.handler(&handler_name)?;
+    if !runtime.path.is_file() {
+        return Err(Error::Config(format!(
+            "runtime handler {handler_name:?}: binary {} does not exist",
+            runtime.path.display()
+        )));
+    }
+    let needs_process = rt
+        .cfg
+        .runtimes
+        .get(&handler_name)
+        .is_some_and(|h| h.needs_sandbox_process);
+    let infra = c.namespace_options.pid == NamespaceMode::Pod
+        || needs_process
+        || rt.cfg.infra == InfraPolicy::Always;
+    if infra {
+        if rt.infra_rootfs.is_none() {
+            return Err(Error::Config(
+                "this pod needs an infra process but no sandboxd-pause binary was found (set pause_path)".into(),
+            ));
+        }
+        if !runtime.monitor.is_file() {
+            return Err(Error::Config(format!(
+                "monitor binary {} does not exist (set monitor_path)",
+                runtime.monitor.display()
+            )));
+        }
+    }
+    let network = if c.host_network() {
+        None
+    } else {
+        let list = rt.network().map_err(|e| Error::Config(e.to_string()))?;
+        rt.cni
+            .check_plugins(&list)
+            .map_err(|e| Error::Config(format!("network {:?}: {e}", list.name)))?;
+        Some(list)
+    };
+    Ok(Plan {
+        handler: handler_name,
+        infra,
+        network,
+        hostname,
+    })
+}

@@ -1,0 +1,68 @@
+//! Id index: resolves any unique prefix of a 64-hex id, and reports ambiguity.
+
+use std::collections::BTreeSet;
+
+use crate::error::{Error, Result};
+
+#[derive(Debug, Default)]
+pub struct IdIndex {
+    ids: BTreeSet<String>,
+}
+
+impl IdIndex {
+    pub fn insert(&mut self, id: &str) {
+        self.ids.insert(id.to_string());
+    }
+
+    pub fn remove(&mut self, id: &str) {
+        self.ids.remove(id);
+    }
+
+    /// Resolves `prefix` to the one id it starts; `Ok(None)` if none matches.
+    pub fn resolve(&self, prefix: &str) -> Result<Option<String>> {
+        crate::validate::id_prefix(prefix)?;
+        let prefix = prefix.to_ascii_lowercase();
+        let mut it = self
+            .ids
+            .range(prefix.clone()..)
+            .take_while(|id| id.starts_with(&prefix));
+        let first = it.next().cloned();
+        let rest = it.count();
+        if rest > 0 {
+            return Err(Error::Ambiguous {
+                prefix,
+                count: rest + 1,
+            });
+        }
+        Ok(first)
+    }
+
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes() {
+        let mut ix = IdIndex::default();
+        ix.insert("abc1");
+        ix.insert("abc2");
+        ix.insert("def0");
+        assert_eq!(ix.resolve("d").unwrap().as_deref(), Some("def0"));
+        assert_eq!(ix.resolve("abc2").unwrap().as_deref(), Some("abc2"));
+        assert!(matches!(
+            ix.resolve("ab"),
+            Err(Error::Ambiguous { count: 2, .. })
+        ));
+        assert_eq!(ix.resolve("f").unwrap(), None);
+        assert!(ix.resolve("../").is_err());
+    }
+}

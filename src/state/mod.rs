@@ -1,0 +1,10 @@
+//! Server state: the sandbox and container registries, name reservations and the id index
+//! (in memory, behind short critical sections), plus atomic persistence of records on disk.
+
+mod ids;
+mod names;
+mod persist;
+
+pub use ids::IdIndex;
+pub use names::NameReservations;
+pub use persist::{read_json, remove_record_dir, write_json_atomic};

@@ -1,0 +1,90 @@
+//! Atomic persistence: a record is written as tmp file + fsync + rename + fsync(dir), so a
+//! crash leaves either the old or the new content, never a torn file.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use serde::{de::DeserializeOwned, Serialize};
+
+use crate::error::HostError;
+
+/// Writes `value` as JSON to `path` atomically.
+pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), HostError> {
+    let data = serde_json::to_vec_pretty(value)
+        .map_err(|e| HostError::Other(format!("serialize {}: {e}", path.display())))?;
+    write_atomic(path, &data)
+}
+
+/// Writes `data` to `path` atomically (mode 0600).
+pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), HostError> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| HostError::Other(format!("{} has no parent", path.display())))?;
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)
+            .map_err(|e| HostError::io("create", &tmp, e))?;
+        f.write_all(data)
+            .map_err(|e| HostError::io("write", &tmp, e))?;
+        f.sync_all().map_err(|e| HostError::io("fsync", &tmp, e))?;
+    }
+    std::fs::rename(&tmp, path).map_err(|e| HostError::io("rename into", path, e))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| HostError::io("fsync dir", dir, e))
+}
+
+/// Reads a JSON record; a missing file is `Ok(None)`, a corrupt one an error.
+pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, HostError> {
+    match std::fs::read(path) {
+        Ok(data) => serde_json::from_slice(&data)
+            .map(Some)
+            .map_err(|e| HostError::Other(format!("corrupt record {}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(HostError::io("read", path, e)),
+    }
+}
+
+/// Removes a record directory tree. Missing is success. Refuses to follow a symlink.
+pub fn remove_record_dir(dir: &Path) -> Result<(), HostError> {
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(HostError::io("inspect", dir, e)),
+        Ok(m) if m.file_type().is_symlink() => {
+            std::fs::remove_file(dir).map_err(|e| HostError::io("remove symlink", dir, e))
+        }
+        Ok(_) => match std::fs::remove_dir_all(dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(HostError::io("remove dir", dir, e)),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let dir = std::env::temp_dir().join(format!("sandboxd-persist-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("state.json");
+        write_json_atomic(&p, &vec![1, 2, 3]).unwrap();
+        let v: Option<Vec<i32>> = read_json(&p).unwrap();
+        assert_eq!(v, Some(vec![1, 2, 3]));
+        std::fs::write(&p, b"{").unwrap();
+        assert!(read_json::<Vec<i32>>(&p).is_err());
+        assert!(read_json::<Vec<i32>>(&dir.join("none")).unwrap().is_none());
+        remove_record_dir(&dir).unwrap();
+        assert!(!dir.exists());
+    }
+}
