@@ -244,7 +244,12 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
     if s.netns.is_some() {
         b = b.hostname(s.hostname.clone());
     }
-    b.build().map_err(|e| err("spec", e))
+    let mut spec = b.build().map_err(|e| err("spec", e))?;
+    if s.netns.is_none() {
+        // No private UTS namespace: the builder's default hostname must not be set.
+        spec.set_hostname(None);
+    }
+    Ok(spec)
 }
 
 /// Prepares the shared, read-only infra rootfs under `dir`: the static pause binary as

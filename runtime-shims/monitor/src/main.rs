@@ -1,0 +1,664 @@
+//! `sandboxd-monitor`: the per-container monitor (conmon's role). The daemon starts one per
+//! container; it detaches (new session, the daemon's child exits once `runtime create` is
+//! done), becomes child subreaper, runs `RUNTIME create`, owns the container's stdout and
+//! stderr and writes them to the CRI log format, reaps the container and writes its exit
+//! status atomically to the exit file. The daemon learns everything from files, so
+//! containers and their monitors outlive a daemon restart.
+//!
+//! Usage: sandboxd-monitor --runtime PATH --runtime-root DIR --id ID --bundle DIR
+//!   --pid-file FILE --exit-file FILE --runtime-log FILE --monitor-pid-file FILE
+//!   [--log-path FILE]
+//! On success the invoked process prints the container pid and exits 0; on failure it prints
+//! the runtime's own error message on stderr and exits 1.
+//!
+//! Exit file: one JSON line `{"exit_code":N,"signal":S|null,"exited_at":"RFC3339Nano"}`, where
+//! a container killed by signal S has exit_code 128+S. SIGUSR1 reopens the log file (log
+//! rotation); SIGTERM, SIGINT and SIGHUP to the monitor are ignored: it lives as long as its
+//! container.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Longest log entry; longer lines are split into partial (`P`) entries.
+const MAX_LINE: usize = 16 * 1024;
+/// How long to keep reading output after the container exited (a daemonised grandchild may
+/// hold the pipes open forever).
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
+
+struct Args {
+    runtime: PathBuf,
+    runtime_root: PathBuf,
+    id: String,
+    bundle: PathBuf,
+    pid_file: PathBuf,
+    exit_file: PathBuf,
+    runtime_log: PathBuf,
+    monitor_pid_file: PathBuf,
+    log_path: Option<PathBuf>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut v: std::collections::HashMap<String, String> = Default::default();
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        if k == "--version" {
+            println!("sandboxd-monitor {}", env!("CARGO_PKG_VERSION"));
+            std::process::exit(0);
+        }
+        let known = [
+            "--runtime",
+            "--runtime-root",
+            "--id",
+            "--bundle",
+            "--pid-file",
+            "--exit-file",
+            "--runtime-log",
+            "--monitor-pid-file",
+            "--log-path",
+        ];
+        if !known.contains(&k.as_str()) {
+            return Err(format!("unknown option {k}"));
+        }
+        let val = it.next().ok_or_else(|| format!("{k} needs a value"))?;
+        v.insert(k, val);
+    }
+    let mut req = |k: &str| v.remove(k).ok_or_else(|| format!("{k} is required"));
+    Ok(Args {
+        runtime: req("--runtime")?.into(),
+        runtime_root: req("--runtime-root")?.into(),
+        id: req("--id")?,
+        bundle: req("--bundle")?.into(),
+        pid_file: req("--pid-file")?.into(),
+        exit_file: req("--exit-file")?.into(),
+        runtime_log: req("--runtime-log")?.into(),
+        monitor_pid_file: req("--monitor-pid-file")?.into(),
+        log_path: v.remove("--log-path").map(PathBuf::from),
+    })
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("sandboxd-monitor: {e}");
+            std::process::exit(2);
+        }
+    };
+    let (report_r, report_w) = pipe().unwrap_or_else(|e| die(&format!("sync pipe: {e}")));
+    // SAFETY: the monitor is single-threaded here, so the child may run any code after fork.
+    match unsafe { libc::fork() } {
+        -1 => die(&format!("fork: {}", std::io::Error::last_os_error())),
+        0 => {
+            drop(report_r);
+            let code = monitor(&args, File::from(report_w));
+            std::process::exit(code);
+        }
+        _ => {
+            drop(report_w);
+            let mut msg = String::new();
+            let _ = File::from(report_r).read_to_string(&mut msg);
+            if let Some(pid) = msg.strip_prefix("ok ") {
+                println!("{}", pid.trim());
+                std::process::exit(0);
+            }
+            let msg = msg
+                .strip_prefix("err ")
+                .unwrap_or("monitor died before reporting");
+            eprintln!("{}", msg.trim());
+            std::process::exit(1);
+        }
+    }
+}
+
+fn die(msg: &str) -> ! {
+    eprintln!("sandboxd-monitor: {msg}");
+    std::process::exit(1)
+}
+
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: pipe2 writes two fds into the array we own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both fds are fresh and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// The detached monitor. Returns the process exit code.
+fn monitor(args: &Args, mut report: File) -> i32 {
+    let fail = |report: &mut File, msg: String| {
+        let _ = write!(report, "err {msg}");
+        1
+    };
+    if let Err(e) = detach() {
+        return fail(&mut report, format!("detach: {e}"));
+    }
+    let sigfd = match signal_fd() {
+        Ok(fd) => fd,
+        Err(e) => return fail(&mut report, format!("signalfd: {e}")),
+    };
+    let mut log = LogFile::open(args.log_path.clone());
+    let (out_r, out_w) = match pipe() {
+        Ok(p) => p,
+        Err(e) => return fail(&mut report, format!("stdout pipe: {e}")),
+    };
+    let (err_r, err_w) = match pipe() {
+        Ok(p) => p,
+        Err(e) => return fail(&mut report, format!("stderr pipe: {e}")),
+    };
+    let mut cmd = Command::new(&args.runtime);
+    cmd.arg("--root")
+        .arg(&args.runtime_root)
+        .arg("--log")
+        .arg(&args.runtime_log)
+        .arg("--log-format")
+        .arg("json")
+        .arg("create")
+        .arg("--bundle")
+        .arg(&args.bundle)
+        .arg("--pid-file")
+        .arg(&args.pid_file)
+        .arg(&args.id)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out_w))
+        .stderr(Stdio::from(err_w));
+    let spawned = cmd.spawn();
+    drop(cmd); // closes our copies of the write ends
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            return fail(
+                &mut report,
+                format!("cannot execute {}: {e}", args.runtime.display()),
+            )
+        }
+    };
+    let status = match child.wait() {
+        Ok(s) => s,
+        Err(e) => {
+            return fail(
+                &mut report,
+                format!("waiting for {} create: {e}", args.runtime.display()),
+            )
+        }
+    };
+    set_nonblocking(&out_r);
+    set_nonblocking(&err_r);
+    if !status.success() {
+        let mut msg = last_log_error(&args.runtime_log).unwrap_or_default();
+        if msg.is_empty() {
+            let mut buf = [0u8; 4096];
+            let n = (&File::from(err_r)).read(&mut buf).unwrap_or(0);
+            msg = String::from_utf8_lossy(&buf[..n]).trim().to_string();
+        }
+        let code = status
+            .code()
+            .map_or_else(|| format!("{status}"), |c| format!("exit {c}"));
+        return fail(
+            &mut report,
+            format!("{} create failed ({code}): {msg}", args.runtime.display()),
+        );
+    }
+    let pid: i32 = match std::fs::read_to_string(&args.pid_file)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+    {
+        Some(p) => p,
+        None => {
+            return fail(
+                &mut report,
+                format!("no pid in {}", args.pid_file.display()),
+            )
+        }
+    };
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    if let Err(e) = write_atomic(&args.monitor_pid_file, format!("{me}\n").as_bytes()) {
+        return fail(
+            &mut report,
+            format!("write {}: {e}", args.monitor_pid_file.display()),
+        );
+    }
+    let _ = write!(report, "ok {pid}");
+    drop(report);
+
+    let mut streams = [Stream::new("stdout", out_r), Stream::new("stderr", err_r)];
+    let mut exit: Option<(i32, Option<i32>, Instant, String)> = None;
+    loop {
+        if let Some((_, _, at, _)) = &exit {
+            if streams.iter().all(|s| s.closed) || at.elapsed() >= DRAIN_AFTER_EXIT {
+                break;
+            }
+        }
+        let mut pfds: Vec<libc::pollfd> = streams
+            .iter()
+            .map(|s| libc::pollfd {
+                fd: if s.closed { -1 } else { s.fd.as_raw_fd() },
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        pfds.push(libc::pollfd {
+            fd: sigfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        let timeout = if exit.is_some() { 100 } else { -1 };
+        // SAFETY: pfds is a valid array of pollfd for the duration of the call.
+        let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
+        if r < 0 {
+            continue; // EINTR
+        }
+        for (i, s) in streams.iter_mut().enumerate() {
+            if pfds[i].revents != 0 {
+                s.read_into(&mut log);
+            }
+        }
+        if pfds[2].revents != 0 {
+            for sig in read_signals(&sigfd) {
+                match sig {
+                    libc::SIGCHLD => {
+                        for (p, st) in reap_all() {
+                            if p == pid && exit.is_none() {
+                                exit = Some(decode(st));
+                            }
+                        }
+                    }
+                    libc::SIGUSR1 => log.reopen(),
+                    _ => {} // SIGTERM/SIGINT/SIGHUP: the monitor outlives them.
+                }
+            }
+        }
+        // A SIGCHLD can coalesce with one consumed earlier; reap opportunistically.
+        if exit.is_none() {
+            for (p, st) in reap_all() {
+                if p == pid {
+                    exit = Some(decode(st));
+                }
+            }
+        }
+    }
+    for s in streams.iter_mut() {
+        s.finish(&mut log);
+    }
+    let (code, signal, _, at) = exit.expect("loop ends only after the exit");
+    let sig = signal.map_or_else(|| "null".to_string(), |s| s.to_string());
+    let line = format!("{{\"exit_code\":{code},\"signal\":{sig},\"exited_at\":\"{at}\"}}\n");
+    let _ = write_atomic(&args.exit_file, line.as_bytes());
+    reap_all();
+    0
+}
+
+fn decode(status: i32) -> (i32, Option<i32>, Instant, String) {
+    let now = timestamp();
+    if libc::WIFSIGNALED(status) {
+        let s = libc::WTERMSIG(status);
+        (128 + s, Some(s), Instant::now(), now)
+    } else {
+        (libc::WEXITSTATUS(status), None, Instant::now(), now)
+    }
+}
+
+/// New session, subreaper, cwd `/`, stdio on /dev/null (holding nothing of the daemon's).
+fn detach() -> std::io::Result<()> {
+    // SAFETY: plain syscalls without pointers (setsid, prctl with integer args).
+    unsafe {
+        libc::setsid();
+        if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    std::env::set_current_dir("/")?;
+    let null = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    for fd in 0..3 {
+        // SAFETY: dup2 onto the standard fds, which we mean to replace.
+        if unsafe { libc::dup2(null.as_raw_fd(), fd) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Blocks the signals the monitor handles and returns a signalfd delivering them. Children
+/// start with an empty mask (std resets it), so the container sees default dispositions.
+fn signal_fd() -> std::io::Result<OwnedFd> {
+    // SAFETY: the sigset is initialised by sigemptyset before use; pointers are to locals.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [
+            libc::SIGCHLD,
+            libc::SIGUSR1,
+            libc::SIGTERM,
+            libc::SIGINT,
+            libc::SIGHUP,
+        ] {
+            libc::sigaddset(&mut set, s);
+        }
+        if libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+fn read_signals(fd: &OwnedFd) -> Vec<i32> {
+    let mut out = Vec::new();
+    loop {
+        // SAFETY: an all-zero signalfd_siginfo is valid; read fills at most its size.
+        let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<libc::signalfd_siginfo>();
+        // SAFETY: reading into a properly sized, owned buffer.
+        let n = unsafe {
+            libc::read(
+                fd.as_raw_fd(),
+                (&mut info as *mut libc::signalfd_siginfo).cast(),
+                size,
+            )
+        };
+        if n as usize != size {
+            return out;
+        }
+        out.push(info.ssi_signo as i32);
+    }
+}
+
+/// Reaps every exited child (the monitor is subreaper: orphans of the container land here).
+fn reap_all() -> Vec<(i32, i32)> {
+    let mut out = Vec::new();
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid with a pointer to a local status word.
+        let p = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if p <= 0 {
+            return out;
+        }
+        out.push((p, status));
+    }
+}
+
+fn set_nonblocking(fd: &OwnedFd) {
+    // SAFETY: fcntl on an fd we own, with integer arguments.
+    unsafe {
+        let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
+    }
+}
+
+fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+/// The CRI log file; write errors are dropped so a full disk never blocks the container.
+struct LogFile {
+    path: Option<PathBuf>,
+    file: Option<File>,
+}
+
+impl LogFile {
+    fn open(path: Option<PathBuf>) -> LogFile {
+        let mut l = LogFile { path, file: None };
+        l.reopen();
+        l
+    }
+
+    fn reopen(&mut self) {
+        self.file = self.path.as_ref().and_then(|p| {
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o640)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(p)
+                .ok()
+        });
+    }
+
+    fn entry(&mut self, stream: &str, tag: char, content: &[u8]) {
+        if let Some(f) = self.file.as_mut() {
+            let mut line = Vec::with_capacity(content.len() + 48);
+            line.extend_from_slice(timestamp().as_bytes());
+            line.push(b' ');
+            line.extend_from_slice(stream.as_bytes());
+            line.push(b' ');
+            line.push(tag as u8);
+            line.push(b' ');
+            line.extend_from_slice(content);
+            line.push(b'\n');
+            let _ = f.write_all(&line);
+        }
+    }
+}
+
+/// One output stream of the container with its pending partial line.
+struct Stream {
+    name: &'static str,
+    fd: OwnedFd,
+    buf: Vec<u8>,
+    closed: bool,
+}
+
+impl Stream {
+    fn new(name: &'static str, fd: OwnedFd) -> Stream {
+        Stream {
+            name,
+            fd,
+            buf: Vec::new(),
+            closed: false,
+        }
+    }
+
+    fn read_into(&mut self, log: &mut LogFile) {
+        let mut chunk = [0u8; 8192];
+        loop {
+            // SAFETY: reading into an owned stack buffer of the given length.
+            let n =
+                unsafe { libc::read(self.fd.as_raw_fd(), chunk.as_mut_ptr().cast(), chunk.len()) };
+            if n == 0 {
+                self.closed = true;
+                return;
+            }
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::WouldBlock
+                    && e.kind() != std::io::ErrorKind::Interrupted
+                {
+                    self.closed = true;
+                }
+                return;
+            }
+            self.buf.extend_from_slice(&chunk[..n as usize]);
+            for (tag, content) in split_entries(&mut self.buf) {
+                log.entry(self.name, tag, &content);
+            }
+        }
+    }
+
+    fn finish(&mut self, log: &mut LogFile) {
+        if !self.closed {
+            self.read_into(log);
+        }
+        if !self.buf.is_empty() {
+            let rest = std::mem::take(&mut self.buf);
+            log.entry(self.name, 'F', &rest);
+        }
+    }
+}
+
+/// Takes the complete entries out of `buf`: full lines (`F`, without the newline) and, for a
+/// line longer than [`MAX_LINE`], partial chunks (`P`). What remains is an unfinished line.
+fn split_entries(buf: &mut Vec<u8>) -> Vec<(char, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    loop {
+        let rest = &buf[start..];
+        match rest.iter().position(|&b| b == b'\n') {
+            Some(nl) if nl <= MAX_LINE => {
+                out.push(('F', rest[..nl].to_vec()));
+                start += nl + 1;
+            }
+            _ if rest.len() >= MAX_LINE => {
+                out.push(('P', rest[..MAX_LINE].to_vec()));
+                start += MAX_LINE;
+            }
+            _ => break,
+        }
+    }
+    buf.drain(..start);
+    out
+}
+
+/// The `msg` of the last error-level line of the runtime's json log.
+fn last_log_error(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut last_line = None;
+    for line in text.lines().rev() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        last_line.get_or_insert(line);
+        if line.contains("\"level\":\"error\"") || line.contains("\"level\":\"fatal\"") {
+            return json_string_field(line, "msg");
+        }
+    }
+    last_line.map(|l| json_string_field(l, "msg").unwrap_or_else(|| l.to_string()))
+}
+
+/// Extracts and unescapes a string field from a one-line JSON object (no serde here).
+fn json_string_field(line: &str, key: &str) -> Option<String> {
+    let pat = format!("\"{key}\":\"");
+    let start = line.find(&pat)? + pat.len();
+    let mut out = String::new();
+    let mut chars = line[start..].chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return Some(out),
+            '\\' => match chars.next()? {
+                'n' => out.push('\n'),
+                't' => out.push('\t'),
+                'r' => out.push('\r'),
+                'u' => {
+                    let hex: String = chars.by_ref().take(4).collect();
+                    out.push(
+                        u32::from_str_radix(&hex, 16)
+                            .ok()
+                            .and_then(char::from_u32)
+                            .unwrap_or('?'),
+                    );
+                }
+                other => out.push(other),
+            },
+            c => out.push(c),
+        }
+    }
+    None
+}
+
+/// Now as RFC 3339 with nanoseconds in UTC, e.g. `2026-11-23T04:05:06.123456789Z`.
+fn timestamp() -> String {
+    // SAFETY: clock_gettime fills the timespec we own.
+    let ts = unsafe {
+        let mut ts: libc::timespec = std::mem::zeroed();
+        libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts);
+        ts
+    };
+    format_rfc3339_nano(ts.tv_sec, ts.tv_nsec as u32)
+}
+
+fn format_rfc3339_nano(secs: i64, nanos: u32) -> String {
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{nanos:09}Z",
+        sod / 3600,
+        sod % 3600 / 60,
+        sod % 60
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps() {
+        assert_eq!(format_rfc3339_nano(0, 0), "1970-01-01T00:00:00.000000000Z");
+        assert_eq!(
+            format_rfc3339_nano(951_782_400, 5),
+            "2000-02-29T00:00:00.000000005Z"
+        );
+        assert_eq!(
+            format_rfc3339_nano(1_709_251_199, 999_999_999),
+            "2024-02-29T23:59:59.999999999Z"
+        );
+        assert_eq!(
+            format_rfc3339_nano(4_102_444_800, 0),
+            "2100-01-01T00:00:00.000000000Z"
+        );
+    }
+
+    #[test]
+    fn splits_lines_and_partials() {
+        let mut b = b"one\ntwo\nthr".to_vec();
+        let e = split_entries(&mut b);
+        assert_eq!(e, vec![('F', b"one".to_vec()), ('F', b"two".to_vec())]);
+        assert_eq!(b, b"thr");
+        let mut long = vec![b'x'; MAX_LINE + 10];
+        long.push(b'\n');
+        let e = split_entries(&mut long);
+        assert_eq!(e.len(), 2);
+        assert_eq!(e[0].0, 'P');
+        assert_eq!(e[0].1.len(), MAX_LINE);
+        assert_eq!(e[1], ('F', vec![b'x'; 10]));
+        assert!(long.is_empty());
+    }
+
+    #[test]
+    fn json_msg() {
+        let l = r#"{"level":"error","msg":"a \"quoted\" thing\nline2 \u00e9","time":"t"}"#;
+        assert_eq!(
+            json_string_field(l, "msg").unwrap(),
+            "a \"quoted\" thing\nline2 é"
+        );
+        assert_eq!(json_string_field("{}", "msg"), None);
+    }
+}

@@ -1,0 +1,380 @@
+//! Shared harness of the privileged integration tests: each test gets its own temp base dir
+//! (state root, netns/ipcns/utsns dirs, CNI conf and IPAM dirs), a unique bridge and /24
+//! subnet leased through lock files, and an iptables guard dropping traffic from its subnet to
+//! anywhere outside it. Everything is cleaned up on drop, even when the test fails.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sandboxd::{
+    Config, NamespaceMode, PodSandboxConfig, PodSandboxMetadata, Runtime, SandboxFilter,
+};
+
+const LEASE_DIR: &str = "/tmp/sandboxd-test-leases";
+
+/// Runs a command, returning its stdout; panics with its stderr on failure.
+pub fn sh(cmd: &str) -> String {
+    let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap();
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs a command, ignoring failure.
+pub fn sh_ok(cmd: &str) -> (bool, String) {
+    let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+fn shim(name: &str) -> PathBuf {
+    let var = if name == "sandboxd-monitor" {
+        "SANDBOXD_MONITOR"
+    } else {
+        "SANDBOXD_PAUSE"
+    };
+    if let Some(p) = std::env::var_os(var) {
+        return PathBuf::from(p);
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target/shims")
+        .join(name);
+    assert!(
+        p.is_file(),
+        "{} missing: run scripts/build-shims (or scripts/test)",
+        p.display()
+    );
+    p
+}
+
+/// A lease on one network slot n: bridge `sbt<n>`, subnet 10.(100 + n/250).(n%250).0/24.
+struct Lease {
+    n: u32,
+    file: PathBuf,
+}
+
+impl Lease {
+    fn take() -> Lease {
+        std::fs::create_dir_all(LEASE_DIR).unwrap();
+        for n in 0..2000u32 {
+            let file = Path::new(LEASE_DIR).join(n.to_string());
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&file)
+            {
+                Ok(_) => {
+                    std::fs::write(&file, std::process::id().to_string()).unwrap();
+                    return Lease { n, file };
+                }
+                Err(_) => {
+                    // Reclaim a lease whose process is gone.
+                    let holder: i32 = std::fs::read_to_string(&file)
+                        .ok()
+                        .and_then(|s| s.trim().parse().ok())
+                        .unwrap_or(0);
+                    if holder > 0 && !Path::new(&format!("/proc/{holder}")).exists() {
+                        let _ = std::fs::remove_file(&file);
+                    }
+                }
+            }
+        }
+        panic!("no free test network slot in {LEASE_DIR}");
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+pub struct Env {
+    pub base: PathBuf,
+    pub cfg: Config,
+    pub bridge: String,
+    pub subnet: String,
+    /// `10.x.y.` — every pod address of this test starts with it.
+    pub subnet_prefix: String,
+    pub net_name: String,
+    lease: Lease,
+}
+
+impl Env {
+    pub fn new(test: &str) -> Env {
+        let lease = Lease::take();
+        let n = lease.n;
+        let base = PathBuf::from(format!("/tmp/sandboxd-test-{n}-{test}"));
+        if base.exists() {
+            cleanup_base(&base);
+        }
+        std::fs::create_dir_all(&base).unwrap();
+        let subnet_prefix = format!("10.{}.{}.", 100 + n / 250, n % 250);
+        let subnet = format!("{subnet_prefix}0/24");
+        let bridge = format!("sbt{n}");
+        let net_name = format!("sbt-net-{n}");
+        let mut cfg = Config::rooted_at(&base);
+        cfg.default_network.name = net_name.clone();
+        cfg.default_network.bridge = bridge.clone();
+        cfg.default_network.subnet = subnet.clone();
+        cfg.default_network.ip_masq = false;
+        cfg.monitor_path = Some(shim("sandboxd-monitor"));
+        cfg.pause_path = Some(shim("sandboxd-pause"));
+        cfg.cgroup_parent = "/sandboxd-test".into();
+        cfg.cni_bin_dirs = vec![base.join("bin"), PathBuf::from("/usr/lib/cni")];
+        std::fs::create_dir_all(base.join("bin")).unwrap();
+        std::fs::create_dir_all(&cfg.cni_conf_dir).unwrap();
+        // The network rule: nothing from the pod subnet leaves it.
+        sh(&format!(
+            "iptables -w -I FORWARD -s {subnet} ! -d {subnet} -j DROP"
+        ));
+        Env {
+            base,
+            cfg,
+            bridge,
+            subnet,
+            subnet_prefix,
+            net_name,
+            lease,
+        }
+    }
+
+    pub fn runtime(&self) -> Runtime {
+        Runtime::new(self.cfg.clone()).expect("runtime opens")
+    }
+
+    /// Where host-local keeps this test's reservations (embedded default network).
+    pub fn ipam_dir(&self) -> PathBuf {
+        self.cfg.root.join("cni/networks").join(&self.net_name)
+    }
+
+    /// IP reservation files currently held.
+    pub fn ipam_reservations(&self) -> Vec<String> {
+        list_names(&self.ipam_dir())
+            .into_iter()
+            .filter(|n| n.starts_with("10."))
+            .collect()
+    }
+
+    /// A pod config with a unique uid. `infra` = share the PID namespace (needs the pause process).
+    pub fn pod(&self, name: &str, infra: bool) -> PodSandboxConfig {
+        let mut p = PodSandboxConfig {
+            metadata: PodSandboxMetadata {
+                name: name.into(),
+                namespace: "test".into(),
+                uid: format!("uid-{}-{name}", self.lease.n),
+                attempt: 0,
+            },
+            ..Default::default()
+        };
+        p.namespace_options.pid = if infra {
+            NamespaceMode::Pod
+        } else {
+            NamespaceMode::Container
+        };
+        p
+    }
+
+    /// Writes an executable script into the test's CNI bin dir (first in the search path).
+    pub fn write_plugin(&self, name: &str, script: &str) {
+        let p = self.base.join("bin").join(name);
+        std::fs::write(&p, script).unwrap();
+        sh(&format!("chmod 755 {}", p.display()));
+    }
+
+    /// Writes a conflist into the test's conf dir, with host-local data under the base.
+    pub fn write_conflist(&self, file: &str, plugins: &str) {
+        let doc = format!(
+            r#"{{"cniVersion":"1.0.0","name":"{net}","plugins":[{{"type":"bridge","bridge":"{br}","isGateway":true,"ipam":{{"type":"host-local","ranges":[[{{"subnet":"{sub}"}}]],"dataDir":"{dd}"}}}}{plugins}]}}"#,
+            net = self.net_name,
+            br = self.bridge,
+            sub = self.subnet,
+            dd = self.cfg.root.join("cni/networks").display(),
+        );
+        std::fs::write(self.cfg.cni_conf_dir.join(file), doc).unwrap();
+    }
+
+    /// The runtime root of a handler.
+    pub fn runtime_root(&self, handler: &str) -> PathBuf {
+        self.cfg.root.join("runtime").join(handler)
+    }
+
+    /// Asserts that nothing of this test is left on the host.
+    pub fn assert_no_leaks(&self) {
+        for d in [
+            &self.cfg.netns_dir,
+            &self.cfg.ipcns_dir,
+            &self.cfg.utsns_dir,
+        ] {
+            assert!(
+                list_names(d).is_empty(),
+                "namespace files left in {}: {:?}",
+                d.display(),
+                list_names(d)
+            );
+        }
+        let base = self.base.to_string_lossy().into_owned();
+        let mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+            .filter(|m| m.starts_with(&base))
+            .filter(|m| {
+                ![
+                    &self.cfg.netns_dir,
+                    &self.cfg.ipcns_dir,
+                    &self.cfg.utsns_dir,
+                ]
+                .iter()
+                .any(|d| Path::new(m) == d.as_path())
+            })
+            .collect();
+        assert!(mounts.is_empty(), "mounts left: {mounts:?}");
+        assert!(
+            self.ipam_reservations().is_empty(),
+            "IPAM reservations left: {:?}",
+            self.ipam_reservations()
+        );
+        // A netns whose last holder just died is torn down asynchronously by the kernel,
+        // taking its veth peer with it: allow that a few seconds.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let (_, veths) = sh_ok(&format!("ip -o link show master {}", self.bridge));
+            if !veths.contains("veth") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "veths left on {}: {veths}",
+                self.bridge
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        for h in ["runc", "crun"] {
+            let root = self.runtime_root(h);
+            let left: Vec<_> = list_names(&root)
+                .into_iter()
+                .filter(|n| n.len() == 64)
+                .collect();
+            assert!(left.is_empty(), "{h} containers left: {left:?}");
+        }
+        let sandboxes = list_names(&self.cfg.root.join("sandboxes"));
+        assert!(sandboxes.is_empty(), "sandbox dirs left: {sandboxes:?}");
+        let cache = list_names(&self.cfg.root.join("cni/cache"));
+        assert!(cache.is_empty(), "CNI cache left: {cache:?}");
+    }
+
+    pub fn remove_all(&self, rt: &Runtime) {
+        for s in rt.list_pod_sandboxes(&SandboxFilter::default()) {
+            rt.remove_pod_sandbox(&s.id).unwrap();
+        }
+    }
+}
+
+pub fn list_names(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Is `path` an nsfs mount, according to /proc/self/mountinfo?
+pub fn mountinfo_fs(path: &Path) -> Option<String> {
+    let p = path.to_string_lossy();
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    table
+        .lines()
+        .rev()
+        .filter(|l| l.split(' ').nth(4) == Some(&*p))
+        .find_map(|l| l.split(" - ").nth(1).and_then(|s| s.split(' ').next()).map(str::to_string))
+}
+
+/// The IPv4 addresses on `ifname` inside the namespace pinned at `ns`.
+pub fn addrs_in(ns: &Path, ifname: &str) -> String {
+    sh_ok(&format!(
+        "nsenter --net={} ip -4 -o addr show {ifname}",
+        ns.display()
+    ))
+    .1
+}
+
+fn cleanup_base(base: &Path) {
+    // Containers of any runtime under this base.
+    for h in ["runc", "crun"] {
+        let root = base.join("root/runtime").join(h);
+        for id in list_names(&root) {
+            let _ = Command::new(h)
+                .arg("--root")
+                .arg(&root)
+                .args(["delete", "--force", &id])
+                .output();
+        }
+    }
+    // Every mount under the base, deepest first.
+    let b = base.to_string_lossy().into_owned();
+    let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .filter(|m| m.starts_with(&b))
+        .collect();
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in mounts {
+        let _ = Command::new("umount").args(["-l", &m]).output();
+    }
+    let _ = std::fs::remove_dir_all(base);
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        // Kill monitors of this base that a failed test may have left (their containers are
+        // deleted below); then everything else.
+        let _ = Command::new("pkill")
+            .args([
+                "-KILL",
+                "-f",
+                &format!("--runtime-root {}", self.base.display()),
+            ])
+            .output();
+        cleanup_base(&self.base);
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .output();
+        let _ = Command::new("iptables")
+            .args([
+                "-w",
+                "-D",
+                "FORWARD",
+                "-s",
+                &self.subnet,
+                "!",
+                "-d",
+                &self.subnet,
+                "-j",
+                "DROP",
+            ])
+            .output();
+        let _ = &self.lease;
+    }
+}
+
+/// Command lines of every process (but this one) whose argv mentions `needle`.
+pub fn processes_mentioning(needle: &str) -> Vec<String> {
+    let me = std::process::id().to_string();
+    list_names(Path::new("/proc"))
+        .into_iter()
+        .filter(|p| p.bytes().all(|b| b.is_ascii_digit()) && *p != me)
+        .filter_map(|p| std::fs::read(format!("/proc/{p}/cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(needle))
+        .collect()
+}
