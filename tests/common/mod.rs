@@ -295,7 +295,12 @@ pub fn mountinfo_fs(path: &Path) -> Option<String> {
         .lines()
         .rev()
         .filter(|l| l.split(' ').nth(4) == Some(&*p))
-        .find_map(|l| l.split(" - ").nth(1).and_then(|s| s.split(' ').next()).map(str::to_string))
+        .find_map(|l| {
+            l.split(" - ")
+                .nth(1)
+                .and_then(|s| s.split(' ').next())
+                .map(str::to_string)
+        })
 }
 
 /// The IPv4 addresses on `ifname` inside the namespace pinned at `ns`.
