@@ -77,14 +77,9 @@ pub fn mounted_at(path: &Path) -> Result<Option<MountInfo>, HostError> {
 }
 
 /// Mounts the pod's shm: a tmpfs at `path`, mode 1777, nosuid/nodev/noexec, `size` bytes.
-/// Creates the directory. Already mounted (a retried step) is success.
+/// Creates the directory; the caller mounts each sandbox's shm once.
 pub fn mount_shm(path: &Path, size: u64) -> Result<(), HostError> {
     std::fs::create_dir_all(path).map_err(|e| HostError::io("create shm dir", path, e))?;
-    if let Some(m) = mounted_at(path)? {
-        if m.fs_type == "tmpfs" {
-            return Ok(());
-        }
-    }
     let data = format!("mode=1777,size={size}");
     mount(
         Some("shm"),

@@ -5,7 +5,20 @@
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// Wall time spent in helper processes, for the benchmark's "own code vs children" split.
+static CHILD_NANOS: AtomicU64 = AtomicU64::new(0);
+static CHILD_CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// Total wall time spent waiting for helper processes (summed over threads) and their count.
+pub fn child_time() -> (Duration, u64) {
+    (
+        Duration::from_nanos(CHILD_NANOS.load(Ordering::Relaxed)),
+        CHILD_CALLS.load(Ordering::Relaxed),
+    )
+}
 
 /// What a finished child left behind.
 #[derive(Debug)]
@@ -36,7 +49,15 @@ pub enum RunError {
 
 /// Runs `cmd` to completion, feeding `stdin` and collecting stdout and stderr, killing it
 /// (SIGKILL) if it runs longer than `limit`.
-pub fn run(mut cmd: Command, stdin: &[u8], limit: Duration) -> Result<Output, RunError> {
+pub fn run(cmd: Command, stdin: &[u8], limit: Duration) -> Result<Output, RunError> {
+    let started = Instant::now();
+    let r = run_inner(cmd, stdin, limit);
+    CHILD_NANOS.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    CHILD_CALLS.fetch_add(1, Ordering::Relaxed);
+    r
+}
+
+fn run_inner(mut cmd: Command, stdin: &[u8], limit: Duration) -> Result<Output, RunError> {
     let program = cmd.get_program().to_string_lossy().into_owned();
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -161,9 +161,12 @@ fn host_network_pod() {
     let rt = env.runtime();
     let mut pod = env.pod("hostnet", true);
     pod.namespace_options.network = NamespaceMode::Node;
+    pod.namespace_options.ipc = NamespaceMode::Node;
     let id = rt.run_pod_sandbox(&pod).unwrap();
     let rec = rt.sandbox_record(&id).unwrap();
     assert!(rec.netns.is_none());
+    assert!(rec.shm.is_none(), "host-IPC pod got its own shm");
+    assert!(!rec.dir.join("shm").exists());
     assert!(common::list_names(&env.cfg.netns_dir).is_empty());
     assert!(rec.network.ips.is_empty() && !rec.network.setup_started);
     let pid = rt.pod_sandbox_status(&id).unwrap().infra_pid.unwrap();

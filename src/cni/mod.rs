@@ -55,7 +55,7 @@ pub struct PortMapping {
 }
 
 /// The pod as CNI sees it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Attachment {
     /// `CNI_CONTAINERID`: the sandbox id.
     pub container_id: String,
@@ -79,7 +79,7 @@ impl Attachment {
 }
 
 /// What is cached per sandbox: the exact list used for ADD and, once ADD succeeded, its result.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CacheEntry {
     pub list: NetworkList,
     pub attachment: Attachment,

@@ -170,34 +170,27 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
             shm,
             &["rbind", "nosuid", "nodev", "noexec"],
         )?),
-        (None, true) => mounts.push(mount(
+        (None, true) if Path::new("/dev/shm").is_dir() => mounts.push(mount(
             "/dev/shm",
             "bind",
             Path::new("/dev/shm"),
             &["rbind", "nosuid", "nodev", "noexec"],
         )?),
-        (None, false) => mounts.push(mount(
+        (None, _) => mounts.push(mount(
             "/dev/shm",
             "tmpfs",
             Path::new("shm"),
             &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
         )?),
     }
-    if s.host_ipc {
-        mounts.push(mount(
-            "/dev/mqueue",
-            "bind",
-            Path::new("/dev/mqueue"),
-            &["rbind", "nosuid", "noexec", "nodev"],
-        )?);
-    } else {
-        mounts.push(mount(
-            "/dev/mqueue",
-            "mqueue",
-            Path::new("mqueue"),
-            &["nosuid", "noexec", "nodev"],
-        )?);
-    }
+    // An mqueue mount shows the queues of the IPC namespace the container is in: the pod's
+    // own, or the host's for host-IPC pods (whose /dev/mqueue may not even be mounted).
+    mounts.push(mount(
+        "/dev/mqueue",
+        "mqueue",
+        Path::new("mqueue"),
+        &["nosuid", "noexec", "nodev"],
+    )?);
     for (dest, src) in [
         ("/etc/resolv.conf", &s.resolv_conf),
         ("/etc/hosts", &s.hosts),

@@ -109,7 +109,7 @@ pub enum InfraMode {
 }
 
 /// Progress of the network: what CNI did and whether it was torn down.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct NetworkRecord {
     /// ADD was (about to be) called: teardown must call DEL.
@@ -121,6 +121,9 @@ pub struct NetworkRecord {
     pub last_del_error: Option<String>,
     /// DEL was given up on after too many failures; start-up cleanup retries it.
     pub gave_up: bool,
+    /// The exact network list and pod attachment used for ADD (recorded before ADD) and, once
+    /// ADD succeeded, its result: DEL uses them even if the conf dir changed since.
+    pub cache: Option<crate::cni::CacheEntry>,
 }
 
 /// The infra container, when the pod has one.
@@ -144,7 +147,7 @@ pub struct StopRecord {
 }
 
 /// Everything persisted about one sandbox (`<root>/sandboxes/<id>/state.json`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SandboxRecord {
     pub id: String,
     pub name: String,

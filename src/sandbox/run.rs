@@ -4,7 +4,6 @@
 //! created), and releases the name.
 
 use std::net::IpAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use super::*;
@@ -141,6 +140,45 @@ pub(crate) fn update(entry: &SandboxEntry, f: impl FnOnce(&mut SandboxRecord)) -
         .map_err(|e| Error::step("persist sandbox state", &r.id, e))
 }
 
+/// Applies `f` to the in-memory record only: for progress that is safe to redo after a
+/// crash, so it is persisted with the next durable update.
+pub(crate) fn note(entry: &SandboxEntry, f: impl FnOnce(&mut SandboxRecord)) {
+    f(&mut lock(&entry.record));
+}
+
+/// The resources a sandbox will own, all named in the first record written, before any of
+/// them exists: a crash at any later point leaves a record from which teardown finds every
+/// one of them (tearing down one that was never made is a no-op).
+fn intents(rt: &Runtime, config: &PodSandboxConfig, plan: &Plan, r: &mut SandboxRecord) {
+    let ns_name = rt.ns_name(&r.id);
+    r.netns = (!config.host_network()).then(|| rt.cfg.netns_dir.join(&ns_name));
+    r.ipcns = (!plan.infra && !config.host_ipc()).then(|| rt.cfg.ipcns_dir.join(&ns_name));
+    r.utsns = (!plan.infra && !config.host_network()).then(|| rt.cfg.utsns_dir.join(&ns_name));
+    r.shm = (!config.host_ipc()).then(|| r.dir.join("shm"));
+    if let (Some(list), Some(netns)) = (&plan.network, &r.netns) {
+        r.network.setup_started = true;
+        r.network.cache = Some(CacheEntry {
+            list: list.clone(),
+            attachment: Attachment {
+                container_id: r.id.clone(),
+                netns: Some(netns.clone()),
+                ifname: "eth0".into(),
+                pod_name: config.metadata.name.clone(),
+                pod_namespace: config.metadata.namespace.clone(),
+                pod_uid: config.metadata.uid.clone(),
+                port_mappings: config.port_mappings.clone(),
+            },
+            result: None,
+        });
+    }
+    if plan.infra {
+        r.infra = Some(InfraRecord {
+            id: r.id.clone(),
+            ..InfraRecord::default()
+        });
+    }
+}
+
 fn create(
     rt: &Runtime,
     entry: &SandboxEntry,
@@ -151,10 +189,11 @@ fn create(
         let r = lock(&entry.record);
         (r.id.clone(), r.dir.clone())
     };
-    // Record first: the dir holds the record.
+    // Record first: the dir holds the record, and the record names everything to come.
     std::fs::create_dir(&dir)
         .map_err(|e| Error::step("create sandbox dir", &id, HostError::io("create", &dir, e)))?;
-    update(entry, |_| {})?;
+    update(entry, |r| intents(rt, config, plan, r))?;
+    let rec = lock(&entry.record).clone();
     failpoint::hit("run:recorded");
 
     write_sandbox_files(&dir, config, &plan.hostname)
@@ -163,63 +202,37 @@ fn create(
 
     // Namespaces: the network one unless host network; IPC and UTS pinned too when no infra
     // process will hold them.
-    let ns_name = rt.ns_name(&id);
     let pin = crate::netns::PinRequest {
-        net: (!config.host_network()).then(|| rt.cfg.netns_dir.join(&ns_name)),
-        ipc: (!plan.infra && !config.host_ipc()).then(|| rt.cfg.ipcns_dir.join(&ns_name)),
-        uts: (!plan.infra && !config.host_network()).then(|| rt.cfg.utsns_dir.join(&ns_name)),
+        net: rec.netns.clone(),
+        ipc: rec.ipcns.clone(),
+        uts: rec.utsns.clone(),
         hostname: Some(plan.hostname.clone()),
     };
-    update(entry, |r| {
-        r.netns = pin.net.clone();
-        r.ipcns = pin.ipc.clone();
-        r.utsns = pin.uts.clone();
-    })?;
     crate::netns::pin(&pin).map_err(|e| Error::step("create namespaces", &id, e))?;
     failpoint::hit("run:netns");
 
-    if let (Some(list), Some(netns)) = (&plan.network, &pin.net) {
-        let att = Attachment {
-            container_id: id.clone(),
-            netns: Some(netns.clone()),
-            ifname: "eth0".into(),
-            pod_name: config.metadata.name.clone(),
-            pod_namespace: config.metadata.namespace.clone(),
-            pod_uid: config.metadata.uid.clone(),
-            port_mappings: config.port_mappings.clone(),
-        };
-        let mut cache = CacheEntry {
-            list: list.clone(),
-            attachment: att.clone(),
-            result: None,
-        };
-        rt.cni
-            .save_cache(&id, &cache)
-            .map_err(|e| Error::step("cache network config", &id, e))?;
-        update(entry, |r| r.network.setup_started = true)?;
+    if let Some(cache) = &rec.network.cache {
         let result = rt
             .cni
-            .add(list, &att)
+            .add(&cache.list, &cache.attachment)
             .map_err(|e| Error::step("set up network", &id, e))?;
-        let ips = crate::cni::result_ips(&result);
-        cache.result = Some(result);
-        rt.cni
-            .save_cache(&id, &cache)
-            .map_err(|e| Error::step("cache network result", &id, e))?;
-        update(entry, |r| r.network.ips = ips)?;
+        note(entry, |r| {
+            r.network.ips = crate::cni::result_ips(&result);
+            if let Some(c) = r.network.cache.as_mut() {
+                c.result = Some(result);
+            }
+        });
         failpoint::hit("run:cni-add");
     }
 
-    if !config.host_ipc() {
-        let shm = dir.join("shm");
-        update(entry, |r| r.shm = Some(shm.clone()))?;
-        crate::mounts::mount_shm(&shm, rt.cfg.shm_size)
+    if let Some(shm) = &rec.shm {
+        crate::mounts::mount_shm(shm, rt.cfg.shm_size)
             .map_err(|e| Error::step("mount shm", &id, e))?;
         failpoint::hit("run:shm");
     }
 
     if plan.infra {
-        start_infra(rt, entry, config, plan, &id, &dir, pin.net.clone())?;
+        start_infra(rt, entry, config, plan, &rec)?;
     }
     update(entry, |r| r.state = SandboxState::Ready)
 }
@@ -229,16 +242,15 @@ fn start_infra(
     entry: &SandboxEntry,
     config: &PodSandboxConfig,
     plan: &Plan,
-    id: &str,
-    dir: &std::path::Path,
-    netns: Option<PathBuf>,
+    rec: &SandboxRecord,
 ) -> Result<()> {
+    let (id, dir) = (&rec.id, &rec.dir);
     let runtime = rt.handler(&plan.handler)?;
     let rootfs = rt
         .infra_rootfs
         .clone()
         .ok_or_else(|| Error::Config("no sandboxd-pause binary found (set pause_path)".into()))?;
-    let infra_dir = dir.join("infra");
+    let infra_dir = rec.infra_dir();
     std::fs::create_dir_all(&infra_dir).map_err(|e| {
         Error::step(
             "create infra dir",
@@ -255,10 +267,10 @@ fn start_infra(
         sandbox_id: id.to_string(),
         rootfs,
         hostname: plan.hostname.clone(),
-        netns,
+        netns: rec.netns.clone(),
         host_ipc: config.host_ipc(),
         host_pid: config.host_pid(),
-        shm: lock(&entry.record).shm.clone(),
+        shm: rec.shm.clone(),
         resolv_conf: dir.join("resolv.conf"),
         hosts: dir.join("hosts"),
         hostname_file: dir.join("hostname"),
@@ -268,31 +280,25 @@ fn start_infra(
     .map_err(|e| Error::step("generate infra spec", id, e))?;
     s.save(infra_dir.join("config.json"))
         .map_err(|e| Error::step("write infra bundle", id, HostError::Other(e.to_string())))?;
-    update(entry, |r| {
-        r.infra = Some(InfraRecord {
-            id: id.to_string(),
-            ..InfraRecord::default()
-        })
-    })?;
     let files = ContainerFiles::in_dir(&infra_dir, None);
     let pid = runtime
         .create(id, &infra_dir, &files)
         .map_err(|e| Error::step("create infra container", id, e))?;
-    update(entry, |r| {
+    note(entry, |r| {
         if let Some(i) = r.infra.as_mut() {
             i.created = true;
             i.pid = pid;
         }
-    })?;
+    });
     failpoint::hit("run:infra-created");
     runtime
         .start(id, &files.runtime_log)
         .map_err(|e| Error::step("start infra container", id, e))?;
-    update(entry, |r| {
+    note(entry, |r| {
         if let Some(i) = r.infra.as_mut() {
             i.started = true;
         }
-    })?;
+    });
     failpoint::hit("run:infra-started");
     Ok(())
 }

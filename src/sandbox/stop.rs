@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::run::update;
+use super::run::{note, update};
 use super::*;
 use crate::cni::Attachment;
 use crate::error::{Error, Result};
@@ -21,28 +21,43 @@ pub(crate) fn stop(rt: &Runtime, id: &str) -> Result<()> {
     stop_locked(rt, &entry, false)
 }
 
-/// Runs the stop steps that have not completed yet. `rollback` retries a failing CNI DEL a
-/// few times on the spot (nobody else will call stop for a sandbox that never existed).
+/// Runs the stop steps that have not completed yet. Every step is idempotent, so progress is
+/// kept in memory and persisted once at the end; only a CNI DEL outcome is persisted on the
+/// spot (its failure count drives the give-up policy). `rollback` retries a failing DEL a few
+/// times right away (nobody else will call stop for a sandbox that never became ready).
 pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) -> Result<()> {
     let rec = lock(&entry.record).clone();
     let id = rec.id.clone();
-    if rec.state != SandboxState::NotReady {
+    if rec.stop
+        == (StopRecord {
+            containers_stopped: true,
+            netns_closed: true,
+            shm_unmounted: true,
+        })
+        && rec.network.stopped == rec.network.setup_started
+        && rec.state == SandboxState::NotReady
+    {
+        return Ok(()); // already stopped: a repeated stop is a no-op
+    }
+    if rec.state == SandboxState::Ready {
         update(entry, |r| r.state = SandboxState::NotReady)?;
+    } else {
+        note(entry, |r| r.state = SandboxState::NotReady);
     }
 
     if !rec.stop.containers_stopped {
         // Application containers belong to the container layer; none can exist without it.
-        update(entry, |r| r.stop.containers_stopped = true)?;
+        note(entry, |r| r.stop.containers_stopped = true);
         failpoint::hit("stop:containers");
     }
 
     if let Some(infra) = rec.infra.as_ref().filter(|i| !i.stopped) {
         stop_infra(rt, &rec, infra)?;
-        update(entry, |r| {
+        note(entry, |r| {
             if let Some(i) = r.infra.as_mut() {
                 i.stopped = true;
             }
-        })?;
+        });
         failpoint::hit("stop:infra");
     }
 
@@ -56,15 +71,11 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) ->
             }
         }
         match result {
-            Ok(()) => {
-                update(entry, |r| {
-                    r.network.stopped = true;
-                    r.network.last_del_error = None;
-                })?;
-                rt.cni
-                    .remove_cache(&id)
-                    .map_err(|e| Error::step("remove CNI cache", &id, e))?;
-            }
+            // Persisted with the final update: a crash before it only repeats an idempotent DEL.
+            Ok(()) => note(entry, |r| {
+                r.network.stopped = true;
+                r.network.last_del_error = None;
+            }),
             Err(e) => {
                 let msg = e.to_string();
                 let max = rt.cfg.cni_del_max_attempts;
@@ -81,6 +92,12 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) ->
                 if !gave_up {
                     return Err(Error::step("tear down network", &id, e));
                 }
+                // Keep what DEL needs beyond the sandbox's life: start-up retries it.
+                if let Some(cache) = &rec.network.cache {
+                    rt.cni
+                        .save_cache(&id, cache)
+                        .map_err(|e| Error::step("keep CNI cache", &id, e))?;
+                }
                 tracing::warn!(sandbox_id = %id, error = %msg, "giving up on CNI DEL after {max} attempts; start-up cleanup will retry it");
             }
         }
@@ -95,7 +112,7 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) ->
             }
         }
         Error::collect(errors)?;
-        update(entry, |r| r.stop.netns_closed = true)?;
+        note(entry, |r| r.stop.netns_closed = true);
         failpoint::hit("stop:netns");
     }
 
@@ -103,17 +120,24 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) ->
         if let Some(shm) = &rec.shm {
             crate::mounts::unmount_all(shm).map_err(|e| Error::step("unmount shm", &id, e))?;
         }
-        update(entry, |r| r.stop.shm_unmounted = true)?;
+        note(entry, |r| r.stop.shm_unmounted = true);
         failpoint::hit("stop:shm");
     }
+    update(entry, |_| {})?;
     tracing::info!(sandbox_id = %id, "pod sandbox stopped");
     Ok(())
 }
 
-/// CNI DEL with the cached config and result; an empty `CNI_NETNS` if the netns is gone.
+/// CNI DEL with the recorded config and result (or a cache file kept from a given-up
+/// attempt); an empty `CNI_NETNS` if the netns is gone.
 fn teardown_network(rt: &Runtime, rec: &SandboxRecord) -> Result<(), crate::cni::CniError> {
     let netns = rec.netns.clone().filter(|p| crate::netns::is_nsfs(p));
-    let (list, mut att, result) = match rt.cni.load_cache(&rec.id) {
+    let cached = rec
+        .network
+        .cache
+        .clone()
+        .or_else(|| rt.cni.load_cache(&rec.id));
+    let (list, mut att, result) = match cached {
         Some(c) => (c.list, c.attachment, c.result),
         None => {
             // No usable cache: DEL with today's config is the best that can be done.

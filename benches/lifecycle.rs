@@ -1,0 +1,224 @@
+//! Pod sandbox lifecycle benchmark through the library, on the real host (root): N lifecycles
+//! (run → status → stop → remove) with the embedded bridge network, for pods without an infra
+//! process (kubelet's default) and with one (shared PID namespace), sequentially and at
+//! concurrency 4 and 16. Prints per-phase p50/p90/p99, sandboxes/s, the share of time spent in
+//! child processes (runtime, plugins, monitor) and our own time per phase, and the idle RSS
+//! of a monitor and a pause process. Run it with `scripts/bench`, which records the result.
+//!
+//! Usage: cargo bench --bench lifecycle -- [--pods N]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use sandboxd::{
+    Config, NamespaceMode, PodSandboxConfig, PodSandboxMetadata, Runtime, SandboxFilter,
+};
+
+const SUBNET: &str = "10.254.0.0/22";
+const BRIDGE: &str = "sbbench0";
+
+struct Guard {
+    base: PathBuf,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = Command::new("iptables")
+            .args([
+                "-w", "-D", "FORWARD", "-s", SUBNET, "!", "-d", SUBNET, "-j", "DROP",
+            ])
+            .output();
+        let _ = Command::new("ip").args(["link", "del", BRIDGE]).output();
+        for d in ["netns", "ipcns", "utsns"] {
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(self.base.join(d))
+                .output();
+        }
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+#[derive(Default, Clone)]
+struct Samples {
+    run: Vec<Duration>,
+    status: Vec<Duration>,
+    stop: Vec<Duration>,
+    remove: Vec<Duration>,
+    own: [Vec<Duration>; 4],
+}
+
+fn pct(v: &[Duration], p: f64) -> f64 {
+    let mut v: Vec<f64> = v.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    if v.is_empty() {
+        return 0.0;
+    }
+    let i = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
+    v[i]
+}
+
+fn pod(i: usize, tag: &str, infra: bool) -> PodSandboxConfig {
+    let mut p = PodSandboxConfig {
+        metadata: PodSandboxMetadata {
+            name: format!("bench-{tag}-{i}"),
+            namespace: "bench".into(),
+            uid: format!("uid-{tag}-{i}"),
+            attempt: 0,
+        },
+        ..Default::default()
+    };
+    p.namespace_options.pid = if infra {
+        NamespaceMode::Pod
+    } else {
+        NamespaceMode::Container
+    };
+    p
+}
+
+fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration, Duration) {
+    let (c0, _) = sandboxd::process::child_time();
+    let t = Instant::now();
+    let r = f();
+    let wall = t.elapsed();
+    let (c1, _) = sandboxd::process::child_time();
+    (r, wall, wall.saturating_sub(c1 - c0))
+}
+
+fn run_config(rt: &Runtime, pods: usize, conc: usize, infra: bool) -> (Samples, Duration, f64) {
+    let tag = format!(
+        "{}-{conc}-{}",
+        if infra { "i" } else { "p" },
+        std::process::id()
+    );
+    let all = Mutex::new(Samples::default());
+    let (c0, _) = sandboxd::process::child_time();
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for w in 0..conc {
+            let (all, tag) = (&all, &tag);
+            s.spawn(move || {
+                let mut mine = Samples::default();
+                for i in (w..pods).step_by(conc) {
+                    let (id, d, own) =
+                        timed(|| rt.run_pod_sandbox(&pod(i, tag, infra)).expect("run"));
+                    mine.run.push(d);
+                    mine.own[0].push(own);
+                    let (_, d, own) = timed(|| rt.pod_sandbox_status(&id).expect("status"));
+                    mine.status.push(d);
+                    mine.own[1].push(own);
+                    let (_, d, own) = timed(|| rt.stop_pod_sandbox(&id).expect("stop"));
+                    mine.stop.push(d);
+                    mine.own[2].push(own);
+                    let (_, d, own) = timed(|| rt.remove_pod_sandbox(&id).expect("remove"));
+                    mine.remove.push(d);
+                    mine.own[3].push(own);
+                }
+                let mut a = all.lock().unwrap();
+                a.run.extend(mine.run);
+                a.status.extend(mine.status);
+                a.stop.extend(mine.stop);
+                a.remove.extend(mine.remove);
+                for k in 0..4 {
+                    a.own[k].extend(mine.own[k].iter().copied());
+                }
+            });
+        }
+    });
+    let wall = t.elapsed();
+    let (c1, _) = sandboxd::process::child_time();
+    // Child wall time summed over workers, against the workers' total wall time.
+    let child_share = (c1 - c0).as_secs_f64() / (wall.as_secs_f64() * conc as f64);
+    (all.into_inner().unwrap(), wall, child_share)
+}
+
+fn rss_kib(pid: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{}/status", pid.trim()))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+fn main() {
+    let mut pods = 60usize;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--pods" {
+            pods = args.next().and_then(|v| v.parse().ok()).expect("--pods N");
+        }
+    }
+    let base = PathBuf::from(format!("/tmp/sandboxd-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&base).unwrap();
+    let _guard = Guard { base: base.clone() };
+    let ok = Command::new("iptables")
+        .args([
+            "-w", "-I", "FORWARD", "-s", SUBNET, "!", "-d", SUBNET, "-j", "DROP",
+        ])
+        .status()
+        .unwrap();
+    assert!(ok.success(), "cannot install the iptables guard");
+    let mut cfg = Config::rooted_at(&base);
+    cfg.default_network.bridge = BRIDGE.into();
+    cfg.default_network.subnet = SUBNET.into();
+    cfg.default_network.name = "sandboxd-bench".into();
+    cfg.default_network.ip_masq = false;
+    cfg.cgroup_parent = "/sandboxd-bench".into();
+    let rt = Runtime::new(cfg).expect("runtime");
+
+    // Warm up (bridge creation, page cache) and measure the idle shims.
+    let id = rt.run_pod_sandbox(&pod(0, "warm", true)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let dir = base.join("root/sandboxes").join(&id).join("infra");
+    let monitor_pid = std::fs::read_to_string(dir.join("monitor.pid")).unwrap_or_default();
+    let pause_pid = rt
+        .pod_sandbox_status(&id)
+        .unwrap()
+        .infra_pid
+        .unwrap_or(0)
+        .to_string();
+    let (monitor_rss, pause_rss) = (rss_kib(&monitor_pid), rss_kib(&pause_pid));
+    rt.remove_pod_sandbox(&id).unwrap();
+
+    println!("| pods | infra process | concurrency | sandboxes/s | run p50/p90/p99 ms | status p50 ms | stop p50/p90/p99 ms | remove p50/p90/p99 ms | lifecycle ms (wall/pod) | child-process share | own code p50 ms (run/status/stop/remove) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for infra in [false, true] {
+        for conc in [1usize, 4, 16] {
+            let (s, wall, share) = run_config(&rt, pods, conc, infra);
+            // Child time is a process-wide counter: per-phase own time is exact only when
+            // one lifecycle runs at a time.
+            let own = if conc == 1 {
+                s.own
+                    .iter()
+                    .map(|v| format!("{:.2}", pct(v, 50.0)))
+                    .collect::<Vec<_>>()
+                    .join("/")
+            } else {
+                "—".to_string()
+            };
+            println!(
+                "| {pods} | {} | {conc} | {:.1} | {:.1}/{:.1}/{:.1} | {:.2} | {:.1}/{:.1}/{:.1} | {:.1}/{:.1}/{:.1} | {:.1} | {:.0}% | {} |",
+                if infra { "yes" } else { "no" },
+                pods as f64 / wall.as_secs_f64(),
+                pct(&s.run, 50.0), pct(&s.run, 90.0), pct(&s.run, 99.0),
+                pct(&s.status, 50.0),
+                pct(&s.stop, 50.0), pct(&s.stop, 90.0), pct(&s.stop, 99.0),
+                pct(&s.remove, 50.0), pct(&s.remove, 90.0), pct(&s.remove, 99.0),
+                wall.as_secs_f64() * 1000.0 / pods as f64,
+                share * 100.0,
+                own,
+            );
+        }
+    }
+    println!();
+    println!("Idle RSS: monitor {monitor_rss} KiB, pause {pause_rss} KiB (VmRSS, one infra pod).");
+    assert!(
+        rt.list_pod_sandboxes(&SandboxFilter::default()).is_empty(),
+        "bench leaked sandboxes"
+    );
+}
