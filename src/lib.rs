@@ -6,6 +6,7 @@
 
 pub mod cni;
 pub mod config;
+pub mod cri;
 pub mod error;
 pub mod failpoint;
 pub mod mounts;
@@ -13,6 +14,7 @@ pub mod netns;
 pub mod oci;
 pub mod process;
 pub mod sandbox;
+pub mod server;
 pub mod state;
 pub mod validate;
 

@@ -1,60 +1,211 @@
-//! The sandboxd binary. Until the CRI server lands, its one job is `sandboxd demo`: one pod
-//! sandbox lifecycle through the library with the default config, printing the netns, the
-//! IP and the time of each step.
+//! The sandboxd daemon: reads its config (TOML file + flags), sets up logging, restores the
+//! core runtime from its state root and serves CRI v1 on a unix socket until SIGTERM/SIGINT.
+//! `sandboxd demo` runs one pod sandbox lifecycle through the library instead.
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
-use sandboxd::{Config, NamespaceMode, PodSandboxConfig, PodSandboxMetadata, Runtime};
+use clap::{Parser, Subcommand};
+use sandboxd::server::{self, DaemonConfig};
+use sandboxd::{InfraPolicy, NamespaceMode, PodSandboxConfig, PodSandboxMetadata, Runtime};
 
-const USAGE: &str = "usage: sandboxd demo [--infra] [--root DIR] [--netns-dir DIR]\n\
-  demo       run, inspect, stop and remove one pod sandbox through the library\n\
-  --infra    give the pod a shared PID namespace, so it runs the pause process\n";
+#[derive(Parser, Debug)]
+#[command(
+    name = "sandboxd",
+    version,
+    about = "Kubernetes pod sandbox runtime (CRI v1)"
+)]
+struct Cli {
+    /// Config file (TOML). Default: /etc/sandboxd/sandboxd.toml if present.
+    #[arg(long, env = "SANDBOXD_CONFIG")]
+    config: Option<PathBuf>,
+    /// CRI socket path.
+    #[arg(long, env = "SANDBOXD_SOCKET")]
+    socket: Option<PathBuf>,
+    /// State root.
+    #[arg(long, env = "SANDBOXD_ROOT")]
+    root: Option<PathBuf>,
+    /// Where network namespaces are pinned.
+    #[arg(long, env = "SANDBOXD_NETNS_DIR")]
+    netns_dir: Option<PathBuf>,
+    /// Where IPC and UTS namespaces of pods without an infra process are pinned
+    /// (as `<dir>/ipcns` and `<dir>/utsns`).
+    #[arg(long, env = "SANDBOXD_NS_PIN_DIR")]
+    ns_pin_dir: Option<PathBuf>,
+    /// CNI config dir.
+    #[arg(long, env = "SANDBOXD_CNI_CONF_DIR")]
+    cni_conf_dir: Option<PathBuf>,
+    /// CNI plugin dirs (repeatable, or colon-separated).
+    #[arg(long, env = "SANDBOXD_CNI_BIN_DIR")]
+    cni_bin_dir: Vec<String>,
+    /// Binary of the default runtime handler.
+    #[arg(long, env = "SANDBOXD_RUNTIME")]
+    runtime: Option<PathBuf>,
+    /// `auto` (infra process only when needed) or `always`.
+    #[arg(long, env = "SANDBOXD_INFRA")]
+    infra: Option<String>,
+    /// tracing filter (e.g. info, debug, sandboxd=trace).
+    #[arg(long, env = "SANDBOXD_LOG_LEVEL")]
+    log_level: Option<String>,
+    /// Log as JSON lines.
+    #[arg(long)]
+    log_json: bool,
+    /// Print the effective config as TOML and exit.
+    #[arg(long)]
+    print_default_config: bool,
+    #[command(subcommand)]
+    command: Option<Cmd>,
+}
 
-fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) != Some("demo") {
-        eprint!("{USAGE}");
-        std::process::exit(2);
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run, inspect, stop and remove one pod sandbox through the library, printing each step.
+    Demo {
+        /// Share the PID namespace, so the pod runs the pause process.
+        #[arg(long)]
+        infra: bool,
+    },
+}
+
+fn effective_config(cli: &Cli) -> Result<DaemonConfig, sandboxd::Error> {
+    let mut cfg = match &cli.config {
+        Some(p) => DaemonConfig::load(p)?,
+        None if std::path::Path::new(server::DEFAULT_CONFIG).exists() => {
+            DaemonConfig::load(std::path::Path::new(server::DEFAULT_CONFIG))?
+        }
+        None => DaemonConfig::default(),
+    };
+    if let Some(v) = &cli.socket {
+        cfg.socket = v.clone();
     }
-    let mut cfg = Config::default();
-    let mut infra = false;
-    let mut it = args[1..].iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--infra" => infra = true,
-            "--root" => cfg.root = it.next().map(Into::into).unwrap_or_else(|| usage()),
-            "--netns-dir" => cfg.netns_dir = it.next().map(Into::into).unwrap_or_else(|| usage()),
-            _ => usage(),
+    if let Some(v) = &cli.root {
+        cfg.runtime.root = v.clone();
+    }
+    if let Some(v) = &cli.netns_dir {
+        cfg.runtime.netns_dir = v.clone();
+    }
+    if let Some(v) = &cli.ns_pin_dir {
+        cfg.runtime.ipcns_dir = v.join("ipcns");
+        cfg.runtime.utsns_dir = v.join("utsns");
+    }
+    if let Some(v) = &cli.cni_conf_dir {
+        cfg.runtime.cni_conf_dir = v.clone();
+    }
+    if !cli.cni_bin_dir.is_empty() {
+        cfg.runtime.cni_bin_dirs = cli
+            .cni_bin_dir
+            .iter()
+            .flat_map(|s| s.split(':'))
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+            .collect();
+    }
+    if let Some(v) = &cli.runtime {
+        let name = cfg.runtime.default_runtime.clone();
+        if let Some(h) = cfg.runtime.runtimes.get_mut(&name) {
+            h.path = v.clone();
         }
     }
-    if let Err(e) = demo(cfg, infra) {
-        eprintln!("sandboxd demo: {e}");
-        std::process::exit(1);
+    if let Some(v) = &cli.infra {
+        cfg.runtime.infra = match v.as_str() {
+            "auto" => InfraPolicy::Auto,
+            "always" => InfraPolicy::Always,
+            _ => {
+                return Err(sandboxd::Error::Config(format!(
+                    "--infra {v:?}: expected auto or always"
+                )))
+            }
+        };
+    }
+    if let Some(v) = &cli.log_level {
+        cfg.log_level = v.clone();
+    }
+    if cli.log_json {
+        cfg.log_format = "json".into();
+    }
+    Ok(cfg)
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let cfg = match effective_config(&cli) {
+        Ok(c) => c,
+        Err(e) => fail(&e.to_string()),
+    };
+    if cli.print_default_config {
+        print!("{}", cfg.to_toml());
+        return;
+    }
+    init_logging(&cfg);
+    let result = match cli.command {
+        Some(Cmd::Demo { infra }) => demo(cfg, infra),
+        None => daemon(cfg),
+    };
+    if let Err(e) = result {
+        fail(&e.to_string());
     }
 }
 
-fn usage() -> ! {
-    eprint!("{USAGE}");
-    std::process::exit(2)
+fn fail(msg: &str) -> ! {
+    eprintln!("sandboxd: {msg}");
+    std::process::exit(1)
 }
 
-fn demo(cfg: Config, infra: bool) -> Result<(), sandboxd::Error> {
+fn init_logging(cfg: &DaemonConfig) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log_level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if cfg.log_format == "json" {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
+fn daemon(cfg: DaemonConfig) -> Result<(), sandboxd::Error> {
+    let socket = cfg.socket.clone();
+    let started = Instant::now();
+    let rt = Arc::new(Runtime::new(cfg.runtime.clone())?);
+    let listener = server::bind_socket(&socket)?;
+    tracing::info!(
+        socket = %socket.display(),
+        root = %cfg.runtime.root.display(),
+        restored = rt.list_pod_sandboxes(&Default::default()).len(),
+        ms = started.elapsed().as_millis() as u64,
+        "sandboxd ready"
+    );
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| sandboxd::Error::Config(format!("tokio: {e}")))?;
+    tokio.block_on(server::serve(rt, listener, socket, shutdown_signal()))?;
+    tracing::info!("sandboxd stopped; pods keep running");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+}
+
+fn demo(cfg: DaemonConfig, infra: bool) -> Result<(), sandboxd::Error> {
+    let ms = |t: Instant| t.elapsed().as_secs_f64() * 1000.0;
     let t = Instant::now();
-    let rt = Runtime::new(cfg)?;
+    let rt = Runtime::new(cfg.runtime)?;
     println!("runtime opened (state restored) in {:.1} ms", ms(t));
-    let uid = sandboxd::validate::new_id()[..12].to_string();
     let mut pod = PodSandboxConfig {
         metadata: PodSandboxMetadata {
             name: "demo".into(),
             namespace: "default".into(),
-            uid,
+            uid: sandboxd::validate::new_id()[..12].to_string(),
             attempt: 0,
         },
         ..Default::default()
@@ -68,7 +219,6 @@ fn demo(cfg: Config, infra: bool) -> Result<(), sandboxd::Error> {
         .network()
         .map_err(|e| sandboxd::Error::Config(e.to_string()))?;
     println!("network: {} (from {})", net.name, net.source);
-
     let t = Instant::now();
     let id = rt.run_pod_sandbox(&pod)?;
     println!("run     {:>8.1} ms  sandbox {id}", ms(t));
@@ -94,8 +244,4 @@ fn demo(cfg: Config, infra: bool) -> Result<(), sandboxd::Error> {
     rt.remove_pod_sandbox(&id)?;
     println!("remove  {:>8.1} ms", ms(t));
     Ok(())
-}
-
-fn ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1000.0
 }

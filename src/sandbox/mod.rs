@@ -239,7 +239,7 @@ impl SandboxFilter {
     }
 }
 
-pub(crate) fn now_nanos() -> i64 {
+pub fn now_nanos() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)

@@ -1,0 +1,157 @@
+//! The daemon's edges: its config file, the CRI unix socket (0660, private parent dir, stale
+//! socket replaced, a live one refused) and serving both CRI services until a shutdown signal,
+//! finishing in-flight requests and removing the socket. Pods keep running: their monitors
+//! own them, and the next start restores them.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Config, Error, Result, Runtime};
+
+/// Default socket path.
+pub const DEFAULT_SOCKET: &str = "/run/sandboxd/sandboxd.sock";
+/// Default config file, read if present.
+pub const DEFAULT_CONFIG: &str = "/etc/sandboxd/sandboxd.toml";
+/// Largest gRPC message accepted (kubelet's own limit is 16 MiB).
+pub const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+
+/// The daemon's config file: its own keys plus every core [`Config`] key at the top level.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DaemonConfig {
+    pub socket: PathBuf,
+    /// tracing filter, e.g. `info` or `sandboxd=debug`.
+    pub log_level: String,
+    /// `text` or `json`.
+    pub log_format: String,
+    #[serde(flatten)]
+    pub runtime: Config,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            socket: PathBuf::from(DEFAULT_SOCKET),
+            log_level: "info".into(),
+            log_format: "text".into(),
+            runtime: Config::default(),
+        }
+    }
+}
+
+impl DaemonConfig {
+    /// Reads a TOML file; unknown keys are an error naming them.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
+        let cfg: DaemonConfig =
+            toml::from_str(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        // flatten swallows unknown keys: compare with the keys a full config renders.
+        let given: toml::Table = toml::from_str(&text).unwrap_or_default();
+        let known: toml::Table =
+            toml::from_str(&DaemonConfig::default().to_toml()).unwrap_or_default();
+        if let Some(k) = given
+            .keys()
+            .find(|k| !known.contains_key(*k) && !OPTIONAL_KEYS.contains(&k.as_str()))
+        {
+            return Err(Error::Config(format!(
+                "{}: unknown key {k:?}",
+                path.display()
+            )));
+        }
+        Ok(cfg)
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+}
+
+/// Keys that are valid but absent from a rendered default (their default is unset).
+const OPTIONAL_KEYS: &[&str] = &["monitor_path", "pause_path"];
+
+/// Creates the listening socket: parent dir 0700 (created if missing), a stale socket file
+/// replaced, a live one (another daemon answers) refused, the socket made 0660.
+pub fn bind_socket(path: &Path) -> Result<std::os::unix::net::UnixListener> {
+    let parent = path
+        .parent()
+        .ok_or_else(|| Error::Config(format!("socket path {} has no parent", path.display())))?;
+    if !parent.exists() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| Error::Config(format!("cannot create {}: {e}", parent.display())))?;
+        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| Error::Config(format!("cannot chmod {}: {e}", parent.display())))?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) => {
+            use std::os::unix::fs::FileTypeExt;
+            if !m.file_type().is_socket() {
+                return Err(Error::Config(format!(
+                    "{} exists and is not a socket; refusing to replace it",
+                    path.display()
+                )));
+            }
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(Error::Config(format!(
+                    "another daemon is already listening on {}",
+                    path.display()
+                )));
+            }
+            tracing::info!(socket = %path.display(), "replacing stale socket");
+            std::fs::remove_file(path).map_err(|e| {
+                Error::Config(format!("cannot remove stale {}: {e}", path.display()))
+            })?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(Error::Config(format!(
+                "cannot inspect {}: {e}",
+                path.display()
+            )))
+        }
+    }
+    let l = std::os::unix::net::UnixListener::bind(path)
+        .map_err(|e| Error::Config(format!("cannot listen on {}: {e}", path.display())))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .map_err(|e| Error::Config(format!("cannot chmod {}: {e}", path.display())))?;
+    Ok(l)
+}
+
+/// Serves RuntimeService and ImageService on `listener` until `shutdown` resolves, then
+/// finishes in-flight requests and removes the socket file.
+pub async fn serve(
+    rt: Arc<Runtime>,
+    listener: std::os::unix::net::UnixListener,
+    socket: PathBuf,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<()> {
+    use k8s_cri::v1::image_service_server::ImageServiceServer;
+    use k8s_cri::v1::runtime_service_server::RuntimeServiceServer;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::Config(format!("socket: {e}")))?;
+    let listener = tokio::net::UnixListener::from_std(listener)
+        .map_err(|e| Error::Config(format!("socket: {e}")))?;
+    let svc = crate::cri::CriService::new(rt);
+    let result = tonic::transport::Server::builder()
+        .add_service(
+            RuntimeServiceServer::new(svc.clone())
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+        )
+        .add_service(
+            ImageServiceServer::new(svc)
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+        )
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            shutdown,
+        )
+        .await;
+    let _ = std::fs::remove_file(&socket);
+    result.map_err(|e| Error::Config(format!("gRPC server: {e}")))
+}
