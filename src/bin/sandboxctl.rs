@@ -1,0 +1,759 @@
+//! sandboxctl: a small CRI v1 client for any CRI endpoint (sandboxd, containerd, CRI-O). Pod
+//! config files use the JSON shape crictl accepts. `sandboxctl bench` drives pod lifecycles
+//! through the socket and reports per-RPC latency, so runtimes can be compared like for like.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use k8s_cri::v1 as cri;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use serde::Deserialize;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "sandboxctl",
+    version,
+    about = "CRI v1 client (pods) and lifecycle benchmark"
+)]
+struct Cli {
+    /// CRI endpoint, `unix:///path/to.sock`.
+    #[arg(
+        long,
+        short = 'r',
+        env = "CONTAINER_RUNTIME_ENDPOINT",
+        default_value = "unix:///run/sandboxd/sandboxd.sock"
+    )]
+    endpoint: String,
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 240)]
+    timeout: u64,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+    output: Output,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Runtime name and versions.
+    Version,
+    /// Runtime status and conditions (verbose).
+    Info,
+    /// Run a pod sandbox from a crictl-style JSON config.
+    Runp {
+        config: PathBuf,
+        /// Runtime handler.
+        #[arg(long)]
+        runtime: Option<String>,
+    },
+    /// Stop pod sandboxes (ids or unique prefixes).
+    Stopp { ids: Vec<String> },
+    /// Remove pod sandboxes (ids or unique prefixes).
+    Rmp { ids: Vec<String> },
+    /// List pod sandboxes.
+    Pods {
+        /// Id prefix.
+        #[arg(long)]
+        id: Option<String>,
+        /// ready or notready.
+        #[arg(long)]
+        state: Option<String>,
+        /// Label selector key=value (repeatable).
+        #[arg(long)]
+        label: Vec<String>,
+        /// Only print ids.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Pod sandbox status (verbose).
+    Inspectp { id: String },
+    /// Drive N pod lifecycles (Run → Status → Stop → Remove) with concurrency C.
+    Bench {
+        #[arg(long, short = 'n', default_value_t = 50)]
+        pods: usize,
+        #[arg(long, short = 'c', default_value_t = 1)]
+        concurrency: usize,
+        /// Share one PID namespace per pod (needs an infra process).
+        #[arg(long)]
+        share_pid: bool,
+        /// Runtime handler.
+        #[arg(long, default_value = "")]
+        runtime: String,
+        /// Netns dir to audit for leaks.
+        #[arg(long, default_value = "/var/run/netns")]
+        netns_dir: PathBuf,
+        /// A label for the table (e.g. the runtime's name).
+        #[arg(long, default_value = "")]
+        label: String,
+    },
+}
+
+async fn connect(endpoint: &str, timeout: Duration) -> Result<Channel, String> {
+    let path = endpoint
+        .strip_prefix("unix://")
+        .ok_or_else(|| format!("endpoint {endpoint:?} must be unix:///path"))?
+        .to_string();
+    Endpoint::try_from("http://[::]:50051")
+        .map_err(|e| e.to_string())?
+        .timeout(timeout)
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .map_err(|e| format!("cannot connect to {endpoint}: {e}"))
+}
+
+fn client(ch: &Channel) -> RuntimeServiceClient<Channel> {
+    RuntimeServiceClient::new(ch.clone())
+        .max_decoding_message_size(16 << 20)
+        .max_encoding_message_size(16 << 20)
+}
+
+fn grpc_err(rpc: &str, s: tonic::Status) -> String {
+    format!("{rpc}: {:?}: {}", s.code(), s.message())
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli).await {
+        eprintln!("sandboxctl: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    let ch = connect(&cli.endpoint, Duration::from_secs(cli.timeout)).await?;
+    let mut c = client(&ch);
+    let json = cli.output == Output::Json;
+    match cli.command {
+        Cmd::Version => {
+            let v = c
+                .version(cri::VersionRequest {
+                    version: "v1".into(),
+                })
+                .await
+                .map_err(|s| grpc_err("Version", s))?
+                .into_inner();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v).unwrap());
+            } else {
+                println!(
+                    "Version:  {}\nRuntimeName:  {}\nRuntimeVersion:  {}\nRuntimeApiVersion:  {}",
+                    v.version, v.runtime_name, v.runtime_version, v.runtime_api_version
+                );
+            }
+        }
+        Cmd::Info => {
+            let s = c
+                .status(cri::StatusRequest { verbose: true })
+                .await
+                .map_err(|s| grpc_err("Status", s))?
+                .into_inner();
+            println!("{}", serde_json::to_string_pretty(&s).unwrap());
+        }
+        Cmd::Runp { config, runtime } => {
+            let cfg = load_pod_config(&config)?;
+            let r = c
+                .run_pod_sandbox(cri::RunPodSandboxRequest {
+                    config: Some(cfg),
+                    runtime_handler: runtime.unwrap_or_default(),
+                })
+                .await
+                .map_err(|s| grpc_err("RunPodSandbox", s))?
+                .into_inner();
+            println!("{}", r.pod_sandbox_id);
+        }
+        Cmd::Stopp { ids } => {
+            for id in ids {
+                let id = resolve(&mut c, &id).await?;
+                c.stop_pod_sandbox(cri::StopPodSandboxRequest {
+                    pod_sandbox_id: id.clone(),
+                })
+                .await
+                .map_err(|s| grpc_err("StopPodSandbox", s))?;
+                println!("Stopped sandbox {id}");
+            }
+        }
+        Cmd::Rmp { ids } => {
+            for id in ids {
+                let id = resolve(&mut c, &id).await?;
+                c.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                    pod_sandbox_id: id.clone(),
+                })
+                .await
+                .map_err(|s| grpc_err("RemovePodSandbox", s))?;
+                println!("Removed sandbox {id}");
+            }
+        }
+        Cmd::Pods {
+            id,
+            state,
+            label,
+            quiet,
+        } => {
+            let state = match state.as_deref() {
+                None => None,
+                Some("ready") => Some(cri::PodSandboxStateValue {
+                    state: cri::PodSandboxState::SandboxReady as i32,
+                }),
+                Some("notready") => Some(cri::PodSandboxStateValue {
+                    state: cri::PodSandboxState::SandboxNotready as i32,
+                }),
+                Some(s) => return Err(format!("--state {s:?}: expected ready or notready")),
+            };
+            let mut label_selector = HashMap::new();
+            for l in label {
+                let (k, v) = l
+                    .split_once('=')
+                    .ok_or_else(|| format!("--label {l:?}: expected key=value"))?;
+                label_selector.insert(k.to_string(), v.to_string());
+            }
+            let items = c
+                .list_pod_sandbox(cri::ListPodSandboxRequest {
+                    filter: Some(cri::PodSandboxFilter {
+                        id: String::new(),
+                        state,
+                        label_selector,
+                    }),
+                })
+                .await
+                .map_err(|s| grpc_err("ListPodSandbox", s))?
+                .into_inner()
+                .items;
+            let items: Vec<_> = items
+                .into_iter()
+                .filter(|p| id.as_ref().is_none_or(|i| p.id.starts_with(i.as_str())))
+                .collect();
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({ "items": items })).unwrap()
+                );
+            } else if quiet {
+                items.iter().for_each(|p| println!("{}", p.id));
+            } else {
+                println!(
+                    "{:<13}  {:<20}  {:<10}  {:<24}  {:<16}  {:<7}  RUNTIME",
+                    "POD ID", "CREATED", "STATE", "NAME", "NAMESPACE", "ATTEMPT"
+                );
+                for p in items {
+                    let m = p.metadata.unwrap_or_default();
+                    let state = if p.state == cri::PodSandboxState::SandboxReady as i32 {
+                        "Ready"
+                    } else {
+                        "NotReady"
+                    };
+                    println!(
+                        "{:<13}  {:<20}  {:<10}  {:<24}  {:<16}  {:<7}  {}",
+                        &p.id[..13.min(p.id.len())],
+                        ago(p.created_at),
+                        state,
+                        m.name,
+                        m.namespace,
+                        m.attempt,
+                        if p.runtime_handler.is_empty() {
+                            "(default)"
+                        } else {
+                            &p.runtime_handler
+                        }
+                    );
+                }
+            }
+        }
+        Cmd::Inspectp { id } => {
+            let id = resolve(&mut c, &id).await?;
+            let s = c
+                .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                    pod_sandbox_id: id,
+                    verbose: true,
+                })
+                .await
+                .map_err(|s| grpc_err("PodSandboxStatus", s))?
+                .into_inner();
+            let mut v = serde_json::to_value(&s).unwrap();
+            // Verbose info values are JSON documents: show them as such.
+            if let Some(info) = v.get_mut("info").and_then(|i| i.as_object_mut()) {
+                for val in info.values_mut() {
+                    if let Some(parsed) = val
+                        .as_str()
+                        .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+                    {
+                        *val = parsed;
+                    }
+                }
+            }
+            println!("{}", serde_json::to_string_pretty(&v).unwrap());
+        }
+        Cmd::Bench {
+            pods,
+            concurrency,
+            share_pid,
+            runtime,
+            netns_dir,
+            label,
+        } => {
+            bench::run(
+                ch,
+                pods,
+                concurrency.max(1),
+                share_pid,
+                runtime,
+                &netns_dir,
+                &label,
+                json,
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Resolves an id prefix against ListPodSandbox, as crictl does; an id that matches nothing is
+/// passed on unchanged (stop/remove of an unknown id is success per CRI).
+async fn resolve(c: &mut RuntimeServiceClient<Channel>, prefix: &str) -> Result<String, String> {
+    let items = c
+        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await
+        .map_err(|s| grpc_err("ListPodSandbox", s))?
+        .into_inner()
+        .items;
+    let hits: Vec<_> = items
+        .into_iter()
+        .filter(|p| p.id.starts_with(prefix))
+        .collect();
+    match hits.len() {
+        0 => Ok(prefix.to_string()),
+        1 => Ok(hits[0].id.clone()),
+        n => Err(format!("id prefix {prefix:?} is ambiguous ({n} pods)")),
+    }
+}
+
+fn ago(created_ns: i64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0);
+    let s = (now - created_ns).max(0) / 1_000_000_000;
+    match s {
+        0..=59 => format!("{s} seconds ago"),
+        60..=3599 => format!("{} minutes ago", s / 60),
+        3600..=86399 => format!("{} hours ago", s / 3600),
+        _ => format!("{} days ago", s / 86400),
+    }
+}
+
+/// A crictl-style pod config (snake_case like crictl's files; lowerCamel accepted too; enums
+/// as numbers or names).
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct PodJson {
+    metadata: MetaJson,
+    hostname: String,
+    #[serde(alias = "logDirectory")]
+    log_directory: String,
+    #[serde(alias = "dnsConfig")]
+    dns_config: Option<DnsJson>,
+    #[serde(alias = "portMappings")]
+    port_mappings: Vec<PortJson>,
+    labels: HashMap<String, String>,
+    annotations: HashMap<String, String>,
+    linux: Option<LinuxJson>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct MetaJson {
+    name: String,
+    namespace: String,
+    uid: String,
+    attempt: u32,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct DnsJson {
+    servers: Vec<String>,
+    searches: Vec<String>,
+    options: Vec<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct PortJson {
+    protocol: EnumJson,
+    #[serde(alias = "containerPort")]
+    container_port: i32,
+    #[serde(alias = "hostPort")]
+    host_port: i32,
+    #[serde(alias = "hostIp")]
+    host_ip: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct LinuxJson {
+    #[serde(alias = "cgroupParent")]
+    cgroup_parent: String,
+    #[serde(alias = "securityContext")]
+    security_context: Option<SecJson>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct SecJson {
+    #[serde(alias = "namespaceOptions")]
+    namespace_options: Option<NsJson>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct NsJson {
+    network: EnumJson,
+    pid: EnumJson,
+    ipc: EnumJson,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum EnumJson {
+    Num(i32),
+    Name(String),
+}
+
+impl Default for EnumJson {
+    fn default() -> Self {
+        EnumJson::Num(0)
+    }
+}
+
+impl EnumJson {
+    fn value(&self, names: &[&str], field: &str) -> Result<i32, String> {
+        match self {
+            EnumJson::Num(n) => Ok(*n),
+            EnumJson::Name(s) => names
+                .iter()
+                .position(|n| n.eq_ignore_ascii_case(s))
+                .map(|i| i as i32)
+                .ok_or_else(|| format!("{field}: {s:?} is not one of {names:?}")),
+        }
+    }
+}
+
+fn load_pod_config(path: &Path) -> Result<cri::PodSandboxConfig, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let p: PodJson = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    const MODES: &[&str] = &["POD", "CONTAINER", "NODE", "TARGET"];
+    const PROTOS: &[&str] = &["TCP", "UDP", "SCTP"];
+    let mut ports = Vec::new();
+    for pm in &p.port_mappings {
+        ports.push(cri::PortMapping {
+            protocol: pm.protocol.value(PROTOS, "port_mappings.protocol")?,
+            container_port: pm.container_port,
+            host_port: pm.host_port,
+            host_ip: pm.host_ip.clone(),
+        });
+    }
+    let linux = match &p.linux {
+        None => None,
+        Some(l) => {
+            let ns = match l
+                .security_context
+                .as_ref()
+                .and_then(|s| s.namespace_options.as_ref())
+            {
+                None => None,
+                Some(n) => Some(cri::NamespaceOption {
+                    network: n.network.value(MODES, "namespace_options.network")?,
+                    pid: n.pid.value(MODES, "namespace_options.pid")?,
+                    ipc: n.ipc.value(MODES, "namespace_options.ipc")?,
+                    ..Default::default()
+                }),
+            };
+            Some(cri::LinuxPodSandboxConfig {
+                cgroup_parent: l.cgroup_parent.clone(),
+                security_context: Some(cri::LinuxSandboxSecurityContext {
+                    namespace_options: ns,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+        }
+    };
+    Ok(cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: p.metadata.name,
+            namespace: p.metadata.namespace,
+            uid: p.metadata.uid,
+            attempt: p.metadata.attempt,
+        }),
+        hostname: p.hostname,
+        log_directory: p.log_directory,
+        dns_config: p.dns_config.map(|d| cri::DnsConfig {
+            servers: d.servers,
+            searches: d.searches,
+            options: d.options,
+        }),
+        port_mappings: ports,
+        labels: p.labels,
+        annotations: p.annotations,
+        linux,
+        ..Default::default()
+    })
+}
+
+mod bench {
+    //! The CRI lifecycle benchmark: N pods, concurrency C, per-RPC percentiles, pods/s, and a
+    //! leak audit of what the host shows afterwards.
+
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Default)]
+    struct Lat {
+        run: Vec<f64>,
+        status: Vec<f64>,
+        stop: Vec<f64>,
+        remove: Vec<f64>,
+    }
+
+    fn pct(v: &mut [f64], p: f64) -> f64 {
+        if v.is_empty() {
+            return 0.0;
+        }
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[((p / 100.0) * (v.len() - 1) as f64).round() as usize]
+    }
+
+    fn netns_count(dir: &Path) -> usize {
+        std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
+    }
+
+    fn shm_mounts() -> usize {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                let mp = l.split(' ').nth(4).unwrap_or("");
+                mp.ends_with("/shm") && l.contains(" - tmpfs ") && !mp.starts_with("/dev/")
+            })
+            .count()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub async fn run(
+        ch: Channel,
+        pods: usize,
+        conc: usize,
+        share_pid: bool,
+        runtime: String,
+        netns_dir: &Path,
+        label: &str,
+        json: bool,
+    ) -> Result<(), String> {
+        let run_id = format!(
+            "{:x}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+                & 0xffff_ffff
+        );
+        let (ns_before, shm_before) = (netns_count(netns_dir), shm_mounts());
+        let lat = Arc::new(Mutex::new(Lat::default()));
+        let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let t0 = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..conc {
+            let (ch, lat, errors, next, run_id, runtime) = (
+                ch.clone(),
+                lat.clone(),
+                errors.clone(),
+                next.clone(),
+                run_id.clone(),
+                runtime.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let mut c = client(&ch);
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= pods {
+                        return;
+                    }
+                    if let Err(e) = one(&mut c, &run_id, i, share_pid, &runtime, &lat).await {
+                        errors.lock().unwrap().push(e);
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.map_err(|e| e.to_string())?;
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        let mut c = client(&ch);
+        let mut sel = HashMap::new();
+        sel.insert("sandboxctl-bench".to_string(), run_id.clone());
+        let left = c
+            .list_pod_sandbox(cri::ListPodSandboxRequest {
+                filter: Some(cri::PodSandboxFilter {
+                    label_selector: sel,
+                    ..Default::default()
+                }),
+            })
+            .await
+            .map_err(|s| grpc_err("ListPodSandbox", s))?
+            .into_inner()
+            .items
+            .len();
+        // Give asynchronous teardown (another runtime's netns cleanup) a moment before the audit.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (ns_after, shm_after) = (netns_count(netns_dir), shm_mounts());
+        let errors = errors.lock().unwrap().clone();
+        let l = std::mem::take(&mut *lat.lock().unwrap());
+        let mut rows = Vec::new();
+        for (name, mut v) in [
+            ("RunPodSandbox", l.run),
+            ("PodSandboxStatus", l.status),
+            ("StopPodSandbox", l.stop),
+            ("RemovePodSandbox", l.remove),
+        ] {
+            let v = &mut v;
+            rows.push(serde_json::json!({
+                "rpc": name, "count": v.len(),
+                "p50_ms": pct(v, 50.0), "p90_ms": pct(v, 90.0), "p99_ms": pct(v, 99.0), "max_ms": pct(v, 100.0),
+            }));
+        }
+        let ok = pods - errors.len();
+        let report = serde_json::json!({
+            "label": label, "pods": pods, "completed": ok, "concurrency": conc, "share_pid": share_pid,
+            "runtime_handler": runtime, "wall_s": wall, "pods_per_s": ok as f64 / wall,
+            "rpcs": rows, "errors": errors.iter().take(5).collect::<Vec<_>>(), "error_count": errors.len(),
+            "leaks": { "sandboxes_listed": left, "netns_files": ns_after as i64 - ns_before as i64, "shm_mounts": shm_after as i64 - shm_before as i64 },
+        });
+        if json {
+            println!("{}", serde_json::to_string(&report).unwrap());
+        } else {
+            println!("{label} pods={pods} concurrency={conc} share_pid={share_pid}: {:.1} pods/s ({ok} completed, {} errors) in {wall:.2}s", ok as f64 / wall, errors.len());
+            println!(
+                "{:<18} {:>8} {:>8} {:>8} {:>8}",
+                "RPC", "p50 ms", "p90 ms", "p99 ms", "max ms"
+            );
+            for r in &rows {
+                println!(
+                    "{:<18} {:>8.1} {:>8.1} {:>8.1} {:>8.1}",
+                    r["rpc"].as_str().unwrap(),
+                    r["p50_ms"].as_f64().unwrap(),
+                    r["p90_ms"].as_f64().unwrap(),
+                    r["p99_ms"].as_f64().unwrap(),
+                    r["max_ms"].as_f64().unwrap()
+                );
+            }
+            println!(
+                "leaks: {left} sandboxes listed, {:+} netns files, {:+} shm mounts",
+                ns_after as i64 - ns_before as i64,
+                shm_after as i64 - shm_before as i64
+            );
+            for e in errors.iter().take(5) {
+                println!("error: {e}");
+            }
+        }
+        if left > 0 || !errors.is_empty() {
+            return Err(format!("{} errors, {left} sandboxes left", errors.len()));
+        }
+        Ok(())
+    }
+
+    async fn one(
+        c: &mut RuntimeServiceClient<Channel>,
+        run_id: &str,
+        i: usize,
+        share_pid: bool,
+        runtime: &str,
+        lat: &Mutex<Lat>,
+    ) -> Result<(), String> {
+        let mut labels = HashMap::new();
+        labels.insert("sandboxctl-bench".to_string(), run_id.to_string());
+        let mode = if share_pid {
+            cri::NamespaceMode::Pod
+        } else {
+            cri::NamespaceMode::Container
+        } as i32;
+        let config = cri::PodSandboxConfig {
+            metadata: Some(cri::PodSandboxMetadata {
+                name: format!("bench-{run_id}-{i}"),
+                namespace: "bench".into(),
+                uid: format!("{run_id}-{i}"),
+                attempt: 0,
+            }),
+            hostname: format!("bench-{i}"),
+            log_directory: String::new(),
+            labels,
+            linux: Some(cri::LinuxPodSandboxConfig {
+                security_context: Some(cri::LinuxSandboxSecurityContext {
+                    namespace_options: Some(cri::NamespaceOption {
+                        network: cri::NamespaceMode::Pod as i32,
+                        pid: mode,
+                        ipc: cri::NamespaceMode::Pod as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let t = Instant::now();
+        let id = c
+            .run_pod_sandbox(cri::RunPodSandboxRequest {
+                config: Some(config),
+                runtime_handler: runtime.into(),
+            })
+            .await
+            .map_err(|s| grpc_err("RunPodSandbox", s))?
+            .into_inner()
+            .pod_sandbox_id;
+        let run = t.elapsed().as_secs_f64() * 1000.0;
+        let t = Instant::now();
+        c.pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: id.clone(),
+            verbose: false,
+        })
+        .await
+        .map_err(|s| grpc_err("PodSandboxStatus", s))?;
+        let status = t.elapsed().as_secs_f64() * 1000.0;
+        let t = Instant::now();
+        c.stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: id.clone(),
+        })
+        .await
+        .map_err(|s| grpc_err("StopPodSandbox", s))?;
+        let stop = t.elapsed().as_secs_f64() * 1000.0;
+        let t = Instant::now();
+        c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id })
+            .await
+            .map_err(|s| grpc_err("RemovePodSandbox", s))?;
+        let remove = t.elapsed().as_secs_f64() * 1000.0;
+        let mut l = lat.lock().unwrap();
+        l.run.push(run);
+        l.status.push(status);
+        l.stop.push(stop);
+        l.remove.push(remove);
+        Ok(())
+    }
+}

@@ -1,0 +1,584 @@
+//! End-to-end tests of the daemon through its unix socket with a tonic client: lifecycle,
+//! status codes, socket handling, concurrency, restart after kill -9, malformed requests,
+//! and two daemons side by side.
+
+mod common;
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use k8s_cri::v1 as cri;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::Code;
+
+struct Daemon {
+    child: Option<Child>,
+    socket: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn config_file(env: &Env) -> PathBuf {
+        let path = env.base.join("sandboxd.toml");
+        let mut toml = format!(
+            "socket = \"{}\"\nlog_level = \"debug\"\n",
+            env.base.join("run/sandboxd.sock").display()
+        );
+        let core = toml::to_string(&env.cfg).unwrap();
+        toml.push_str(&core);
+        std::fs::write(&path, toml).unwrap();
+        path
+    }
+
+    fn start(env: &Env) -> Daemon {
+        let config = Self::config_file(env);
+        let socket = env.base.join("run/sandboxd.sock");
+        let log = env.base.join(format!(
+            "daemon-{}.log",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        let child = Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+            .arg("--config")
+            .arg(&config)
+            .stderr(std::fs::File::create(&log).unwrap())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let d = Daemon {
+            child: Some(child),
+            socket,
+            config,
+            log,
+        };
+        d.wait_ready();
+        d
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "daemon did not come up: {}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    fn sigterm(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().unwrap();
+        sh(&format!("kill -TERM {}", c.id()));
+        c.wait().unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+async fn client(socket: &Path) -> RuntimeServiceClient<Channel> {
+    let path = socket.to_path_buf();
+    let ch = Endpoint::try_from("http://[::]:50051")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .unwrap();
+    RuntimeServiceClient::new(ch)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20)
+}
+
+fn pod_config(name: &str, uid: &str, share_pid: bool) -> cri::PodSandboxConfig {
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name.into(),
+            namespace: "e2e".into(),
+            uid: uid.into(),
+            attempt: 0,
+        }),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    pid: if share_pid {
+                        cri::NamespaceMode::Pod
+                    } else {
+                        cri::NamespaceMode::Container
+                    } as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn run_req(c: cri::PodSandboxConfig) -> cri::RunPodSandboxRequest {
+    cri::RunPodSandboxRequest {
+        config: Some(c),
+        runtime_handler: String::new(),
+    }
+}
+
+async fn list(c: &mut RuntimeServiceClient<Channel>) -> Vec<cri::PodSandbox> {
+    c.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .items
+}
+
+async fn status(
+    c: &mut RuntimeServiceClient<Channel>,
+    id: &str,
+) -> Result<cri::PodSandboxStatus, tonic::Status> {
+    c.pod_sandbox_status(cri::PodSandboxStatusRequest {
+        pod_sandbox_id: id.into(),
+        verbose: false,
+    })
+    .await
+    .map(|r| r.into_inner().status.unwrap())
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn lifecycle_and_status_codes() {
+    let env = Env::new("e2e");
+    let mut d = Daemon::start(&env);
+    assert_eq!(
+        std::fs::metadata(&d.socket).unwrap().permissions().mode() & 0o777,
+        0o660
+    );
+    assert_eq!(
+        std::fs::metadata(d.socket.parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o700
+    );
+    rt().block_on(async {
+        let mut c = client(&d.socket).await;
+        let v = c
+            .version(cri::VersionRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (v.runtime_name.as_str(), v.runtime_api_version.as_str()),
+            ("sandboxd", "v1")
+        );
+        let st = c
+            .status(cri::StatusRequest { verbose: false })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+            .unwrap();
+        assert!(st.conditions.iter().all(|c| c.status), "{st:?}");
+        let cfg = c
+            .runtime_config(cri::RuntimeConfigRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            cfg.linux.unwrap().cgroup_driver,
+            cri::CgroupDriver::Cgroupfs as i32
+        );
+
+        let id = c
+            .run_pod_sandbox(run_req(pod_config("web", "u-web", true)))
+            .await
+            .unwrap()
+            .into_inner()
+            .pod_sandbox_id;
+        let s = status(&mut c, &id).await.unwrap();
+        assert_eq!(s.state, cri::PodSandboxState::SandboxReady as i32);
+        let ip = s.network.unwrap().ip;
+        assert!(ip.starts_with(&env.subnet_prefix), "{ip}");
+        let netns = env
+            .cfg
+            .netns_dir
+            .join(list_names(&env.cfg.netns_dir).pop().unwrap());
+        assert!(addrs_in(&netns, "eth0").contains(&ip));
+        // Prefixes resolve; verbose status carries the record.
+        let v = c
+            .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: id[..10].into(),
+                verbose: true,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(v.info["info"].contains(&id));
+
+        // The same request again returns the same id; another one for the name is AlreadyExists.
+        assert_eq!(
+            c.run_pod_sandbox(run_req(pod_config("web", "u-web", true)))
+                .await
+                .unwrap()
+                .into_inner()
+                .pod_sandbox_id,
+            id
+        );
+        let mut other = pod_config("web", "u-web", true);
+        other.hostname = "other".into();
+        let e = c.run_pod_sandbox(run_req(other)).await.unwrap_err();
+        assert_eq!(e.code(), Code::AlreadyExists);
+        assert!(e.message().contains(&id), "{}", e.message());
+
+        // Status codes.
+        let unknown = "cd".repeat(32);
+        assert_eq!(
+            status(&mut c, &unknown).await.unwrap_err().code(),
+            Code::NotFound
+        );
+        c.stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: unknown.clone(),
+        })
+        .await
+        .unwrap();
+        c.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+            pod_sandbox_id: unknown.clone(),
+        })
+        .await
+        .unwrap();
+        let e = c
+            .run_pod_sandbox(cri::RunPodSandboxRequest {
+                config: Some(cri::PodSandboxConfig::default()),
+                runtime_handler: String::new(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().contains("config.metadata"), "{}", e.message());
+        let e = c
+            .run_pod_sandbox(run_req(pod_config("", "u", false)))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().contains("metadata.name"), "{}", e.message());
+        let mut r = run_req(pod_config("h", "u-h", false));
+        r.runtime_handler = "nope".into();
+        assert_eq!(
+            c.run_pod_sandbox(r).await.unwrap_err().code(),
+            Code::InvalidArgument
+        );
+        let e = c
+            .create_container(cri::CreateContainerRequest::default())
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unimplemented);
+        let mut img = k8s_cri::v1::image_service_client::ImageServiceClient::new(
+            Endpoint::try_from("http://[::]:50051")
+                .unwrap()
+                .connect_with_connector(tower::service_fn({
+                    let p = d.socket.clone();
+                    move |_: Uri| {
+                        let p = p.clone();
+                        async move {
+                            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                                tokio::net::UnixStream::connect(p).await?,
+                            ))
+                        }
+                    }
+                }))
+                .await
+                .unwrap(),
+        );
+        assert_eq!(
+            img.list_images(cri::ListImagesRequest::default())
+                .await
+                .unwrap_err()
+                .code(),
+            Code::Unimplemented
+        );
+
+        // Filters.
+        let ready = c
+            .list_pod_sandbox(cri::ListPodSandboxRequest {
+                filter: Some(cri::PodSandboxFilter {
+                    state: Some(cri::PodSandboxStateValue {
+                        state: cri::PodSandboxState::SandboxNotready as i32,
+                    }),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .items;
+        assert!(ready.is_empty());
+
+        c.stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: id.clone(),
+        })
+        .await
+        .unwrap();
+        c.stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: id.clone(),
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            status(&mut c, &id).await.unwrap().state,
+            cri::PodSandboxState::SandboxNotready as i32
+        );
+        c.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+            pod_sandbox_id: id.clone(),
+        })
+        .await
+        .unwrap();
+        assert!(list(&mut c).await.is_empty());
+    });
+    // A second daemon on the same socket is refused while the first answers.
+    let out = Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .arg("--config")
+        .arg(&d.config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("already listening"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // SIGTERM: clean exit, socket removed.
+    assert!(d.sigterm().success());
+    assert!(!d.socket.exists(), "socket left after SIGTERM");
+    env.assert_no_leaks();
+}
+
+/// kill -9 with 3 pods running; a restarted daemon (replacing the stale socket) lists them
+/// Ready with the same IPs, and stop/remove work.
+#[test]
+fn restart_after_kill9() {
+    let env = Env::new("e2ekill");
+    let mut d = Daemon::start(&env);
+    let rt = rt();
+    let before: HashMap<String, String> = rt.block_on(async {
+        let mut c = client(&d.socket).await;
+        let mut m = HashMap::new();
+        for i in 0..3 {
+            let id = c
+                .run_pod_sandbox(run_req(pod_config(
+                    &format!("k{i}"),
+                    &format!("uk{i}"),
+                    i == 0,
+                )))
+                .await
+                .unwrap()
+                .into_inner()
+                .pod_sandbox_id;
+            let ip = status(&mut c, &id).await.unwrap().network.unwrap().ip;
+            m.insert(id, ip);
+        }
+        m
+    });
+    d.kill9();
+    assert!(d.socket.exists(), "kill -9 cannot remove the socket");
+    let d = Daemon::start(&env);
+    rt.block_on(async {
+        let mut c = client(&d.socket).await;
+        let pods = list(&mut c).await;
+        assert_eq!(pods.len(), 3);
+        for (id, ip) in &before {
+            let s = status(&mut c, id).await.unwrap();
+            assert_eq!(s.state, cri::PodSandboxState::SandboxReady as i32);
+            assert_eq!(&s.network.unwrap().ip, ip);
+            c.stop_pod_sandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await
+            .unwrap();
+            c.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await
+            .unwrap();
+        }
+    });
+    env.assert_no_leaks();
+}
+
+/// 50 pods created concurrently from 16 tasks, all distinct, then stopped and removed: no leak.
+#[test]
+fn fifty_pods_from_sixteen_tasks() {
+    let env = Env::new("e2e50");
+    let d = Daemon::start(&env);
+    rt().block_on(async {
+        let c = client(&d.socket).await;
+        let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..16 {
+            let (mut c, next) = (c.clone(), next.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut ids = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if i >= 50 {
+                        return ids;
+                    }
+                    let r = c
+                        .run_pod_sandbox(run_req(pod_config(
+                            &format!("p{i}"),
+                            &format!("u{i}"),
+                            i % 3 == 0,
+                        )))
+                        .await;
+                    ids.push(r.unwrap().into_inner().pod_sandbox_id);
+                }
+            }));
+        }
+        let mut ids = Vec::new();
+        for t in tasks {
+            ids.extend(t.await.unwrap());
+        }
+        let mut c = c;
+        assert_eq!(list(&mut c).await.len(), 50);
+        let mut ips: Vec<String> = Vec::new();
+        for id in &ids {
+            ips.push(status(&mut c, id).await.unwrap().network.unwrap().ip);
+        }
+        ips.sort();
+        ips.dedup();
+        assert_eq!(ips.len(), 50, "IPs not distinct");
+        let mut tasks = Vec::new();
+        for chunk in ids.chunks(4) {
+            let (mut c, chunk) = (c.clone(), chunk.to_vec());
+            tasks.push(tokio::spawn(async move {
+                for id in chunk {
+                    c.stop_pod_sandbox(cri::StopPodSandboxRequest {
+                        pod_sandbox_id: id.clone(),
+                    })
+                    .await
+                    .unwrap();
+                    c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id })
+                        .await
+                        .unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert!(list(&mut c).await.is_empty());
+    });
+    env.assert_no_leaks();
+}
+
+/// Malformed requests: empty names, 10 MB annotations, 10 000 labels get InvalidArgument or
+/// ResourceExhausted, and nothing is created.
+#[test]
+fn malformed_requests_create_nothing() {
+    let env = Env::new("e2ebad");
+    let d = Daemon::start(&env);
+    rt().block_on(async {
+        let mut c = client(&d.socket).await;
+        let mut big = pod_config("big", "u-big", false);
+        big.annotations.insert("a".into(), "x".repeat(10 << 20));
+        let mut many = pod_config("many", "u-many", false);
+        for i in 0..10_000 {
+            many.labels.insert(format!("label-{i}"), "v".into());
+        }
+        let mut noname = pod_config("n", "", false);
+        noname.metadata.as_mut().unwrap().namespace = String::new();
+        for (what, cfg) in [
+            ("10 MB annotations", big),
+            ("10000 labels", many),
+            ("empty uid and namespace", noname),
+        ] {
+            let e = c.run_pod_sandbox(run_req(cfg)).await.unwrap_err();
+            assert!(
+                matches!(e.code(), Code::InvalidArgument | Code::ResourceExhausted),
+                "{what}: {e:?}"
+            );
+        }
+        assert!(list(&mut c).await.is_empty());
+    });
+    env.assert_no_leaks();
+}
+
+/// Two daemons with their own socket, root and netns dir run side by side, each seeing only
+/// its own pods.
+#[test]
+fn two_daemons_side_by_side() {
+    let a = Env::new("e2eA");
+    let b = Env::new("e2eB");
+    let (da, db) = (Daemon::start(&a), Daemon::start(&b));
+    rt().block_on(async {
+        let mut ca = client(&da.socket).await;
+        let mut cb = client(&db.socket).await;
+        let ia = ca
+            .run_pod_sandbox(run_req(pod_config("same", "same", false)))
+            .await
+            .unwrap()
+            .into_inner()
+            .pod_sandbox_id;
+        let ib = cb
+            .run_pod_sandbox(run_req(pod_config("same", "same", false)))
+            .await
+            .unwrap()
+            .into_inner()
+            .pod_sandbox_id;
+        assert_eq!(
+            list(&mut ca)
+                .await
+                .iter()
+                .map(|p| p.id.clone())
+                .collect::<Vec<_>>(),
+            vec![ia.clone()]
+        );
+        assert_eq!(
+            list(&mut cb)
+                .await
+                .iter()
+                .map(|p| p.id.clone())
+                .collect::<Vec<_>>(),
+            vec![ib.clone()]
+        );
+        ca.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: ia })
+            .await
+            .unwrap();
+        assert_eq!(list(&mut cb).await.len(), 1);
+        cb.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: ib })
+            .await
+            .unwrap();
+    });
+    a.assert_no_leaks();
+    b.assert_no_leaks();
+}
