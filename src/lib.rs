@@ -76,6 +76,17 @@ impl Runtime {
 
     fn open(cfg: Config) -> Result<Self> {
         check_root(&cfg.root)?;
+        // Refuse an unusable pause binary before anything is created.
+        let pause = Config::helper_path(&cfg.pause_path, "sandboxd-pause").filter(|p| p.is_file());
+        if let Some(p) = &pause {
+            if oci::spec::is_dynamic_elf(p)? {
+                return Err(Error::Config(format!(
+                    "{} is dynamically linked; the infra rootfs holds only this one file, so it \
+                     must be static (build it with scripts/build-shims)",
+                    p.display()
+                )));
+            }
+        }
         for d in [
             "sandboxes",
             "containers",
@@ -117,8 +128,8 @@ impl Runtime {
                 runtimes.keys().collect::<Vec<_>>()
             )));
         }
-        let infra_rootfs = match Config::helper_path(&cfg.pause_path, "sandboxd-pause") {
-            Some(pause) if pause.is_file() => {
+        let infra_rootfs = match pause {
+            Some(pause) => {
                 let dir = cfg.root.join("infra-rootfs");
                 oci::spec::prepare_infra_rootfs(&dir, &pause)?;
                 Some(dir)

@@ -41,6 +41,8 @@ struct Cli {
 enum Output {
     Table,
     Json,
+    /// A markdown table row (bench only; other commands print tables).
+    Markdown,
 }
 
 #[derive(Subcommand, Debug)]
@@ -316,7 +318,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                 runtime,
                 &netns_dir,
                 &label,
-                json,
+                cli.output,
             )
             .await?;
         }
@@ -564,7 +566,7 @@ mod bench {
         runtime: String,
         netns_dir: &Path,
         label: &str,
-        json: bool,
+        output: Output,
     ) -> Result<(), String> {
         let run_id = format!(
             "{:x}",
@@ -646,8 +648,33 @@ mod bench {
             "rpcs": rows, "errors": errors.iter().take(5).collect::<Vec<_>>(), "error_count": errors.len(),
             "leaks": { "sandboxes_listed": left, "netns_files": ns_after as i64 - ns_before as i64, "shm_mounts": shm_after as i64 - shm_before as i64 },
         });
-        if json {
+        if output == Output::Json {
             println!("{}", serde_json::to_string(&report).unwrap());
+        } else if output == Output::Markdown {
+            let cell = |r: &serde_json::Value| {
+                format!(
+                    "{:.1}/{:.1}/{:.1}/{:.1}",
+                    r["p50_ms"].as_f64().unwrap(),
+                    r["p90_ms"].as_f64().unwrap(),
+                    r["p99_ms"].as_f64().unwrap(),
+                    r["max_ms"].as_f64().unwrap()
+                )
+            };
+            println!(
+                "| {label} | {} | {conc} | {pods} | {:.1} | {} | {} | {} | {} | {left}/{:+}/{:+} |",
+                if share_pid {
+                    "shared PID (infra)"
+                } else {
+                    "default"
+                },
+                ok as f64 / wall,
+                cell(&rows[0]),
+                cell(&rows[1]),
+                cell(&rows[2]),
+                cell(&rows[3]),
+                ns_after as i64 - ns_before as i64,
+                shm_after as i64 - shm_before as i64,
+            );
         } else {
             println!("{label} pods={pods} concurrency={conc} share_pid={share_pid}: {:.1} pods/s ({ok} completed, {} errors) in {wall:.2}s", ok as f64 / wall, errors.len());
             println!(

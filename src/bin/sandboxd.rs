@@ -155,8 +155,10 @@ fn fail(msg: &str) -> ! {
 fn init_logging(cfg: &DaemonConfig) {
     let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     if cfg.log_format == "json" {
         b.json().init();

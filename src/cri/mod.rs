@@ -112,21 +112,21 @@ impl RuntimeService for CriService {
         &self,
         req: Request<cri::PodSandboxStatusRequest>,
     ) -> Result<Response<cri::PodSandboxStatusResponse>, Status> {
+        // Status reads memory only (no process call): answered inline, no thread hop.
         let req = req.into_inner();
-        let id = req.pod_sandbox_id.clone();
-        let (status, record) = self
-            .call("PodSandboxStatus", &id.clone(), move |rt| {
-                let s = rt.pod_sandbox_status(&id)?;
-                let r = if req.verbose {
-                    Some(rt.sandbox_record(&s.id)?)
-                } else {
-                    None
-                };
-                Ok((s, r))
-            })
-            .await?;
+        let span =
+            tracing::debug_span!("cri", rpc = "PodSandboxStatus", sandbox_id = %req.pod_sandbox_id);
+        let _g = span.enter();
+        let status = self
+            .rt
+            .pod_sandbox_status(&req.pod_sandbox_id)
+            .map_err(|e| convert::status_of(&e))?;
         let mut info = std::collections::HashMap::new();
-        if let Some(r) = record {
+        if req.verbose {
+            let r = self
+                .rt
+                .sandbox_record(&status.id)
+                .map_err(|e| convert::status_of(&e))?;
             info.insert(
                 "info".to_string(),
                 serde_json::to_string(&r).unwrap_or_default(),
@@ -146,19 +146,16 @@ impl RuntimeService for CriService {
     ) -> Result<Response<cri::ListPodSandboxResponse>, Status> {
         let filter =
             convert::filter(req.get_ref().filter.as_ref()).map_err(|e| convert::status_of(&e))?;
-        let Some(filter) = filter else {
-            return Ok(Response::new(cri::ListPodSandboxResponse {
-                items: Vec::new(),
-            }));
+        let items = match filter {
+            Some(f) => self
+                .rt
+                .list_pod_sandboxes(&f)
+                .iter()
+                .map(convert::sandbox_to_cri)
+                .collect(),
+            None => Vec::new(),
         };
-        let list = self
-            .call("ListPodSandbox", "", move |rt| {
-                Ok(rt.list_pod_sandboxes(&filter))
-            })
-            .await?;
-        Ok(Response::new(cri::ListPodSandboxResponse {
-            items: list.iter().map(convert::sandbox_to_cri).collect(),
-        }))
+        Ok(Response::new(cri::ListPodSandboxResponse { items }))
     }
 
     async fn list_containers(

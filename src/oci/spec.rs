@@ -276,7 +276,7 @@ pub fn prepare_infra_rootfs(dir: &Path, pause: &Path) -> Result<(), HostError> {
 }
 
 /// Does this ELF file ask for a program interpreter (PT_INTERP), i.e. need a dynamic loader?
-fn is_dynamic_elf(path: &Path) -> Result<bool, HostError> {
+pub fn is_dynamic_elf(path: &Path) -> Result<bool, HostError> {
     let data = std::fs::read(path).map_err(|e| HostError::io("read", path, e))?;
     let bad = || {
         HostError::Other(format!(
