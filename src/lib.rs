@@ -245,7 +245,7 @@ impl Runtime {
     }
 
     pub(crate) fn ns_prefix(&self) -> String {
-        format!("sandboxd-{}-", self.root_tag)
+        ns_file_prefix(&self.cfg.root)
     }
 }
 
@@ -274,6 +274,12 @@ fn restrict_root(root: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o711))
         .map_err(|e| error::HostError::io("chmod", root, e).into())
+}
+
+/// The prefix of every namespace file a runtime on state root `root` creates
+/// (`sandboxd-<root tag>-`), for tools and tests that clean up after one instance.
+pub fn ns_file_prefix(root: &Path) -> String {
+    format!("sandboxd-{}-", short_hash(&root.to_string_lossy()))
 }
 
 /// 8 hex chars of FNV-1a: a stable tag, not a security boundary.

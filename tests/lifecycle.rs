@@ -317,3 +317,30 @@ fn crun_handler_cycle() {
     }
     env.assert_no_leaks();
 }
+
+/// Interop with iproute2: with the netns dir at /var/run/netns (as `ip netns` uses), `ip netns
+/// list` shows the sandbox's netns and `ip netns exec` works in it. Only the entry this test
+/// creates is touched.
+#[test]
+fn iproute2_sees_the_netns() {
+    let mut env = Env::new("iproute2");
+    env.cfg.netns_dir = "/var/run/netns".into();
+    let rt = env.runtime();
+    let id = rt.run_pod_sandbox(&env.pod("ipr", false)).unwrap();
+    let netns = rt.sandbox_record(&id).unwrap().netns.unwrap();
+    let name = netns.file_name().unwrap().to_str().unwrap().to_string();
+    let ip = rt.pod_sandbox_status(&id).unwrap().ips[0].clone();
+    let listed = sh("ip netns list");
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some(name.as_str())),
+        "{listed}"
+    );
+    let out = sh(&format!("ip netns exec {name} ip -4 -o addr show eth0"));
+    assert!(out.contains(&ip), "{out}");
+    rt.remove_pod_sandbox(&id).unwrap();
+    assert!(!netns.exists());
+    assert!(!sh("ip netns list").contains(&name));
+    env.assert_no_leaks_except_netns_dir();
+}
