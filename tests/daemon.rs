@@ -626,6 +626,7 @@ fn kill9_mid_workload() {
                         return n;
                     }
                     n += 1;
+                    finished.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 }
                 n
             }));
