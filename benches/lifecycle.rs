@@ -12,9 +12,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use sandboxd::{
-    Config, NamespaceMode, PodSandboxConfig, PodSandboxMetadata, Runtime, SandboxFilter,
-};
+use sandboxd::{Config, PodSandboxConfig, Runtime, SandboxFilter};
 
 const SUBNET: &str = "10.254.0.0/22";
 const BRIDGE: &str = "sbbench0";
@@ -61,21 +59,12 @@ fn pct(v: &[Duration], p: f64) -> f64 {
 }
 
 fn pod(i: usize, tag: &str, infra: bool) -> PodSandboxConfig {
-    let mut p = PodSandboxConfig {
-        metadata: PodSandboxMetadata {
-            name: format!("bench-{tag}-{i}"),
-            namespace: "bench".into(),
-            uid: format!("uid-{tag}-{i}"),
-            attempt: 0,
-        },
-        ..Default::default()
-    };
-    p.namespace_options.pid = if infra {
-        NamespaceMode::Pod
-    } else {
-        NamespaceMode::Container
-    };
-    p
+    PodSandboxConfig::new(
+        &format!("bench-{tag}-{i}"),
+        "bench",
+        &format!("uid-{tag}-{i}"),
+        infra,
+    )
 }
 
 fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration, Duration) {

@@ -173,12 +173,7 @@ impl Runtime {
 
     /// PodSandboxStatus; an unknown id is `NotFound`.
     pub fn pod_sandbox_status(&self, id: &str) -> Result<SandboxStatus> {
-        let entry = self.lookup(id)?.ok_or_else(|| Error::NotFound {
-            kind: "sandbox",
-            id: id.to_string(),
-        })?;
-        let status = lock(&entry.record).status();
-        Ok(status)
+        Ok(self.sandbox_record(id)?.status())
     }
 
     /// ListPodSandbox, oldest first.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 use tonic::Code;
 
 struct Daemon {
@@ -95,21 +95,14 @@ impl Drop for Daemon {
     }
 }
 
-async fn client(socket: &Path) -> RuntimeServiceClient<Channel> {
-    let path = socket.to_path_buf();
-    let ch = Endpoint::try_from("http://[::]:50051")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
-            }
-        }))
+async fn channel(socket: &Path) -> Channel {
+    sandboxd::cri::client::connect(&socket.to_string_lossy(), Duration::from_secs(60))
         .await
-        .unwrap();
-    RuntimeServiceClient::new(ch)
+        .unwrap()
+}
+
+async fn client(socket: &Path) -> RuntimeServiceClient<Channel> {
+    RuntimeServiceClient::new(channel(socket).await)
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20)
 }
@@ -303,23 +296,8 @@ fn lifecycle_and_status_codes() {
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::Unimplemented);
-        let mut img = k8s_cri::v1::image_service_client::ImageServiceClient::new(
-            Endpoint::try_from("http://[::]:50051")
-                .unwrap()
-                .connect_with_connector(tower::service_fn({
-                    let p = d.socket.clone();
-                    move |_: Uri| {
-                        let p = p.clone();
-                        async move {
-                            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                                tokio::net::UnixStream::connect(p).await?,
-                            ))
-                        }
-                    }
-                }))
-                .await
-                .unwrap(),
-        );
+        let mut img =
+            k8s_cri::v1::image_service_client::ImageServiceClient::new(channel(&d.socket).await);
         assert_eq!(
             img.list_images(cri::ListImagesRequest::default())
                 .await

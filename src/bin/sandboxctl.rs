@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use serde::Deserialize;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -101,23 +101,7 @@ enum Cmd {
 }
 
 async fn connect(endpoint: &str, timeout: Duration) -> Result<Channel, String> {
-    let path = endpoint
-        .strip_prefix("unix://")
-        .ok_or_else(|| format!("endpoint {endpoint:?} must be unix:///path"))?
-        .to_string();
-    Endpoint::try_from("http://[::]:50051")
-        .map_err(|e| e.to_string())?
-        .timeout(timeout)
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
-            }
-        }))
-        .await
-        .map_err(|e| format!("cannot connect to {endpoint}: {e}"))
+    sandboxd::cri::client::connect(endpoint, timeout).await
 }
 
 fn client(ch: &Channel) -> RuntimeServiceClient<Channel> {

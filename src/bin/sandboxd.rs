@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use sandboxd::server::{self, DaemonConfig};
-use sandboxd::{InfraPolicy, NamespaceMode, PodSandboxConfig, PodSandboxMetadata, Runtime};
+use sandboxd::{InfraPolicy, PodSandboxConfig, Runtime};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -203,20 +203,8 @@ fn demo(cfg: DaemonConfig, infra: bool) -> Result<(), sandboxd::Error> {
     let t = Instant::now();
     let rt = Runtime::new(cfg.runtime)?;
     println!("runtime opened (state restored) in {:.1} ms", ms(t));
-    let mut pod = PodSandboxConfig {
-        metadata: PodSandboxMetadata {
-            name: "demo".into(),
-            namespace: "default".into(),
-            uid: sandboxd::validate::new_id()[..12].to_string(),
-            attempt: 0,
-        },
-        ..Default::default()
-    };
-    pod.namespace_options.pid = if infra {
-        NamespaceMode::Pod
-    } else {
-        NamespaceMode::Container
-    };
+    let uid = sandboxd::validate::new_id()[..12].to_string();
+    let pod = PodSandboxConfig::new("demo", "default", &uid, infra);
     let net = rt
         .network()
         .map_err(|e| sandboxd::Error::Config(e.to_string()))?;

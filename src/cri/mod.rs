@@ -3,6 +3,7 @@
 //! they run on tokio's blocking pool) and nothing more. Container and image RPCs answer
 //! `Unimplemented` until the container layer exists: never a fake success.
 
+pub mod client;
 pub mod convert;
 
 use std::sync::Arc;

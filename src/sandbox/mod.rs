@@ -73,6 +73,26 @@ pub struct PodSandboxConfig {
 }
 
 impl PodSandboxConfig {
+    /// A config with just its metadata set (attempt 0) and the PID namespace shared across the
+    /// pod or not (`shared_pid` = CRI `pid: POD`, which needs an infra process).
+    pub fn new(name: &str, namespace: &str, uid: &str, shared_pid: bool) -> Self {
+        let mut c = PodSandboxConfig {
+            metadata: PodSandboxMetadata {
+                name: name.into(),
+                namespace: namespace.into(),
+                uid: uid.into(),
+                attempt: 0,
+            },
+            ..Default::default()
+        };
+        c.namespace_options.pid = if shared_pid {
+            NamespaceMode::Pod
+        } else {
+            NamespaceMode::Container
+        };
+        c
+    }
+
     /// The reserved name, as kubelet builds it: `k8s_POD_<name>_<namespace>_<uid>_<attempt>`.
     pub fn reserved_name(&self) -> String {
         let m = &self.metadata;

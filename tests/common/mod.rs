@@ -7,9 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use sandboxd::{
-    Config, NamespaceMode, PodSandboxConfig, PodSandboxMetadata, Runtime, SandboxFilter,
-};
+use sandboxd::{Config, PodSandboxConfig, Runtime, SandboxFilter};
 
 const LEASE_DIR: &str = "/tmp/sandboxd-test-leases";
 
@@ -164,21 +162,7 @@ impl Env {
 
     /// A pod config with a unique uid. `infra` = share the PID namespace (needs the pause process).
     pub fn pod(&self, name: &str, infra: bool) -> PodSandboxConfig {
-        let mut p = PodSandboxConfig {
-            metadata: PodSandboxMetadata {
-                name: name.into(),
-                namespace: "test".into(),
-                uid: format!("uid-{}-{name}", self.lease.n),
-                attempt: 0,
-            },
-            ..Default::default()
-        };
-        p.namespace_options.pid = if infra {
-            NamespaceMode::Pod
-        } else {
-            NamespaceMode::Container
-        };
-        p
+        PodSandboxConfig::new(name, "test", &format!("uid-{}-{name}", self.lease.n), infra)
     }
 
     /// Writes an executable script into the test's CNI bin dir (first in the search path).
