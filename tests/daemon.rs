@@ -640,3 +640,164 @@ fn kill9_mid_workload() {
     });
     env.assert_no_leaks();
 }
+
+/// A conf dir with only a broken config: Status says NetworkReady=false with the reason, and
+/// RunPodSandbox fails without creating anything.
+#[test]
+fn network_not_ready_is_reported() {
+    let env = Env::new("e2enet");
+    std::fs::write(env.cfg.cni_conf_dir.join("10-broken.conflist"), "{ nope").unwrap();
+    let d = Daemon::start(&env);
+    rt().block_on(async {
+        let mut c = client(&d.socket).await;
+        let st = c
+            .status(cri::StatusRequest { verbose: false })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+            .unwrap();
+        let net = st
+            .conditions
+            .iter()
+            .find(|c| c.r#type == "NetworkReady")
+            .unwrap();
+        assert!(!net.status);
+        assert_eq!(net.reason, "NetworkPluginNotReady");
+        assert!(
+            net.message.contains("10-broken.conflist"),
+            "{}",
+            net.message
+        );
+        let rtc = st
+            .conditions
+            .iter()
+            .find(|c| c.r#type == "RuntimeReady")
+            .unwrap();
+        assert!(rtc.status);
+        let e = c
+            .run_pod_sandbox(run_req(pod_config("n", "u-n", false)))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Internal);
+        assert!(
+            e.message().contains("10-broken.conflist"),
+            "{}",
+            e.message()
+        );
+        assert!(list(&mut c).await.is_empty());
+    });
+    env.assert_no_leaks();
+}
+
+/// sandboxctl against the daemon with a crictl-style file: runp, pods, inspectp by prefix,
+/// stopp, rmp.
+#[test]
+fn sandboxctl_drives_the_daemon() {
+    let env = Env::new("e2ectl");
+    let d = Daemon::start(&env);
+    let ep = format!("unix://{}", d.socket.display());
+    let ctl = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_sandboxctl"))
+            .arg("-r")
+            .arg(&ep)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "sandboxctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let pod = env.base.join("pod.json");
+    std::fs::write(
+        &pod,
+        r#"{"metadata":{"name":"ctl","namespace":"default","uid":"ctl-uid","attempt":1},
+            "log_directory":"/tmp/ctl-logs","hostname":"ctl-host","labels":{"app":"ctl"},
+            "port_mappings":[{"protocol":"TCP","container_port":80,"host_port":0}],
+            "linux":{"security_context":{"namespace_options":{"pid":"CONTAINER","network":0}}}}"#,
+    )
+    .unwrap();
+    let id = ctl(&["runp", pod.to_str().unwrap()]).trim().to_string();
+    assert_eq!(id.len(), 64);
+    let pods: serde_json::Value =
+        serde_json::from_str(&ctl(&["-o", "json", "pods", "--label", "app=ctl"])).unwrap();
+    assert_eq!(pods["items"][0]["id"], serde_json::json!(id));
+    assert!(ctl(&["pods"]).contains("ctl"));
+    let inspect: serde_json::Value = serde_json::from_str(&ctl(&["inspectp", &id[..7]])).unwrap();
+    assert_eq!(
+        inspect["status"]["metadata"]["attempt"],
+        serde_json::json!(1)
+    );
+    assert!(inspect["status"]["network"]["ip"]
+        .as_str()
+        .unwrap()
+        .starts_with(&env.subnet_prefix));
+    assert_eq!(
+        inspect["info"]["info"]["infra_mode"],
+        serde_json::json!("pinned")
+    );
+    assert!(ctl(&["version"]).contains("sandboxd"));
+    assert!(ctl(&["stopp", &id[..9]]).contains(&id));
+    assert!(ctl(&["rmp", &id[..9]]).contains(&id));
+    assert!(ctl(&["pods", "-q"]).trim().is_empty());
+    env.assert_no_leaks();
+}
+
+/// Config: flags override the file, the effective config prints as TOML, unknown keys and a
+/// bad value are refused with the key named.
+#[test]
+fn config_file_and_flags() {
+    let env = Env::new("e2ecfg");
+    let cfg = Daemon::config_file(&env);
+    let out = Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .args([
+            "--config",
+            cfg.to_str().unwrap(),
+            "--socket",
+            "/tmp/other.sock",
+            "--cni-bin-dir",
+            "/a:/b",
+            "--cni-bin-dir",
+            "/c",
+        ])
+        .arg("--print-default-config")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let parsed: toml::Table = toml::from_str(&text).unwrap();
+    assert_eq!(parsed["socket"].as_str(), Some("/tmp/other.sock"));
+    assert_eq!(
+        parsed["root"].as_str(),
+        Some(env.cfg.root.to_str().unwrap())
+    );
+    assert_eq!(parsed["cni_bin_dirs"].as_array().unwrap().len(), 3);
+    let bad = env.base.join("bad.toml");
+    std::fs::write(&bad, "sockett = \"/x\"\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .args(["--config", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown key \"sockett\""),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(&bad, "infra = \"sometimes\"\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .args(["--config", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("infra"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Nothing was created by refused configs.
+    assert!(!Path::new("/tmp/other.sock").exists());
+}

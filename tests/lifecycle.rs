@@ -344,3 +344,42 @@ fn iproute2_sees_the_netns() {
     assert!(!sh("ip netns list").contains(&name));
     env.assert_no_leaks_except_netns_dir();
 }
+
+/// The Debian plugins in every CNI version we accept: ADD gives the address, DEL releases it.
+#[test]
+fn cni_versions() {
+    let env = Env::new("cnivers");
+    for version in ["0.3.0", "0.3.1", "0.4.0", "1.0.0"] {
+        env.write_conflist(
+            "10-test.conflist",
+            r#",{"type":"portmap","capabilities":{"portMappings":true}}"#,
+        );
+        let path = env.cfg.cni_conf_dir.join("10-test.conflist");
+        let doc = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("\"1.0.0\"", &format!("\"{version}\""));
+        std::fs::write(&path, doc).unwrap();
+        let rt = env.runtime();
+        let id = rt
+            .run_pod_sandbox(&env.pod(&format!("v{}", version.replace('.', "")), false))
+            .unwrap();
+        let st = rt.pod_sandbox_status(&id).unwrap();
+        assert_eq!(st.ips.len(), 1, "{version}");
+        assert!(
+            addrs_in(st.netns_path.as_ref().unwrap(), "eth0").contains(&st.ips[0]),
+            "{version}"
+        );
+        assert_eq!(
+            env.ipam_reservations(),
+            vec![st.ips[0].clone()],
+            "{version}"
+        );
+        rt.stop_pod_sandbox(&id).unwrap();
+        assert!(
+            env.ipam_reservations().is_empty(),
+            "{version}: DEL kept the address"
+        );
+        rt.remove_pod_sandbox(&id).unwrap();
+    }
+    env.assert_no_leaks();
+}
