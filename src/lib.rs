@@ -9,6 +9,7 @@ pub mod config;
 pub mod cri;
 pub mod error;
 pub mod failpoint;
+pub mod image;
 pub mod mounts;
 pub mod netns;
 pub mod oci;

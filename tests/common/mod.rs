@@ -4,6 +4,8 @@
 //! anywhere outside it. Everything is cleaned up on drop, even when the test fails.
 #![allow(dead_code)]
 
+pub mod busybox;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -1,0 +1,8 @@
+//! Images: references, the content store and layer unpacking. (Import, pull and the
+//! ImageService arrive in steps; the infra process keeps needing no image.)
+
+pub mod reference;
+pub mod store;
+pub mod unpack;
+
+pub use store::{ExecConfig, ImageRecord, ImageStore};

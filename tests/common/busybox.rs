@@ -1,0 +1,138 @@
+//! A busybox image the tests build themselves from Debian's busybox-static: as an OCI image
+//! layout (gzip layer) and as a docker-archive tar (plain layer).
+
+use std::path::{Path, PathBuf};
+
+use sha2::Digest;
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn sha(b: &[u8]) -> String {
+    format!("sha256:{}", hex(&sha2::Sha256::digest(b)))
+}
+
+const APPLETS: &[&str] = &[
+    "sh", "cat", "echo", "sleep", "id", "ls", "touch", "grep", "nc", "wget", "true", "false",
+    "kill", "ps", "head", "yes", "env", "hostname", "ip", "printf",
+];
+
+/// The uncompressed layer tar: /bin/busybox plus applet symlinks, /etc/passwd with an `app`
+/// user (uid 1234), and the usual mount points.
+pub fn layer_tar() -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    let dir = |b: &mut tar::Builder<Vec<u8>>, p: &str, mode: u32| {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(mode);
+        h.set_size(0);
+        b.append_data(&mut h, p, &[][..]).unwrap();
+    };
+    for d in ["bin", "etc", "proc", "sys", "dev", "root", "home", "var"] {
+        dir(&mut b, d, 0o755);
+    }
+    dir(&mut b, "tmp", 0o1777);
+    let file = |b: &mut tar::Builder<Vec<u8>>, p: &str, mode: u32, data: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(mode);
+        h.set_size(data.len() as u64);
+        b.append_data(&mut h, p, data).unwrap();
+    };
+    file(
+        &mut b,
+        "bin/busybox",
+        0o755,
+        &std::fs::read("/bin/busybox").expect("busybox-static installed (scripts/setup)"),
+    );
+    file(
+        &mut b,
+        "etc/passwd",
+        0o644,
+        b"root:x:0:0:root:/root:/bin/sh\napp:x:1234:1234:app:/home:/bin/sh\n",
+    );
+    file(
+        &mut b,
+        "etc/group",
+        0o644,
+        b"root:x:0:\napp:x:1234:\nextra:x:4321:app\n",
+    );
+    for a in APPLETS {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        h.set_mode(0o777);
+        b.append_link(&mut h, format!("bin/{a}"), "busybox")
+            .unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+fn config(layer: &[u8], cmd: &[&str]) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Cmd": cmd, "Env": ["PATH=/bin", "IMAGE_VAR=from-image"], "WorkingDir": "/"},
+        "rootfs": {"type": "layers", "diff_ids": [sha(layer)]},
+    }))
+    .unwrap()
+}
+
+/// Writes an OCI image layout of busybox named `name` under `dir`; returns the layout dir.
+pub fn oci_layout(dir: &Path, name: &str) -> PathBuf {
+    let layout = dir.join("busybox-oci");
+    let blobs = layout.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let put = |data: &[u8]| {
+        let d = sha(data);
+        std::fs::write(blobs.join(&d[7..]), data).unwrap();
+        (d, data.len())
+    };
+    let layer = layer_tar();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, &layer).unwrap();
+    let (ld, ls) = put(&gz.finish().unwrap());
+    let (cd, cs) = put(&config(&layer, &["sh"]));
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": cs},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": ld, "size": ls}],
+    }))
+    .unwrap();
+    let (md, ms) = put(&manifest);
+    std::fs::write(
+        layout.join("index.json"),
+        serde_json::to_vec(&serde_json::json!({"schemaVersion": 2, "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": md, "size": ms,
+            "annotations": {"io.containerd.image.name": name}}]}))
+        .unwrap(),
+    )
+    .unwrap();
+    std::fs::write(
+        layout.join("oci-layout"),
+        br#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
+    .unwrap();
+    layout
+}
+
+/// Writes a docker-archive tar of busybox tagged `tag`; returns its path.
+pub fn docker_archive(dir: &Path, tag: &str) -> PathBuf {
+    let layer = layer_tar();
+    let cfg = config(&layer, &["sh"]);
+    let manifest = serde_json::to_vec(&serde_json::json!([{"Config": "config.json", "RepoTags": [tag], "Layers": ["abc/layer.tar"]}])).unwrap();
+    let mut b = tar::Builder::new(Vec::new());
+    for (p, data) in [
+        ("manifest.json", &manifest),
+        ("config.json", &cfg),
+        ("abc/layer.tar", &layer),
+    ] {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o644);
+        h.set_size(data.len() as u64);
+        b.append_data(&mut h, p, &data[..]).unwrap();
+    }
+    let path = dir.join("busybox-docker.tar");
+    std::fs::write(&path, b.into_inner().unwrap()).unwrap();
+    path
+}

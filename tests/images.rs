@@ -1,0 +1,84 @@
+//! The image store with images the test builds itself: OCI layout and docker-archive import,
+//! layer unpacking, tags and digests, removal, and a corrupt blob rejected.
+
+mod common;
+
+use common::*;
+use sandboxd::image::ImageStore;
+
+#[test]
+fn import_list_and_remove() {
+    let env = Env::new("images");
+    let store = ImageStore::new(env.base.join("images")).unwrap();
+    let layout = busybox::oci_layout(&env.base, "sandboxd.test/busybox:oci");
+    let imgs = store.import(&layout, None).unwrap();
+    assert_eq!(imgs.len(), 1);
+    let img = &imgs[0];
+    assert_eq!(img.repo_tags, vec!["sandboxd.test/busybox:oci".to_string()]);
+    assert!(img.repo_digests[0].starts_with("sandboxd.test/busybox@sha256:"));
+    assert_eq!(img.config.cmd, vec!["sh".to_string()]);
+    let layer = store.layer_dir(&img.layers[0]).unwrap();
+    assert!(layer.join("bin/busybox").is_file());
+    assert_eq!(
+        std::fs::read_link(layer.join("bin/sh")).unwrap(),
+        std::path::PathBuf::from("busybox")
+    );
+
+    // The docker archive of the same content is the same image, with a second tag.
+    let archive = busybox::docker_archive(&env.base, "sandboxd.test/busybox:docker");
+    let again = store.import(&archive, None).unwrap();
+    assert_eq!(again[0].id, img.id);
+    assert_eq!(store.list().len(), 1);
+    let got = store.get("sandboxd.test/busybox:docker").unwrap();
+    assert_eq!(got.repo_tags.len(), 2);
+    assert_eq!(store.get(&img.id[7..19]).unwrap().id, img.id);
+    assert!(store.get("sandboxd.test/busybox:nope").is_none());
+    // An oci-archive: the layout as a tar.
+    let tarred = env.base.join("oci.tar");
+    sh(&format!(
+        "tar -C {} -cf {} .",
+        layout.display(),
+        tarred.display()
+    ));
+    assert_eq!(
+        store
+            .import(&tarred, Some("sandboxd.test/busybox:tarred"))
+            .unwrap()[0]
+            .id,
+        img.id
+    );
+
+    // In use: refused. Not in use: removed with its layer.
+    assert!(store.remove("sandboxd.test/busybox:oci", |_| true).is_err());
+    assert!(store
+        .remove("sandboxd.test/busybox:oci", |_| false)
+        .unwrap());
+    assert!(store.list().is_empty());
+    assert!(!layer.exists());
+    let (bytes, _) = store.usage();
+    assert!(bytes < 4 << 20, "blobs left: {bytes} bytes");
+}
+
+#[test]
+fn corrupt_blob_is_rejected() {
+    let env = Env::new("imgcorrupt");
+    let store = ImageStore::new(env.base.join("images")).unwrap();
+    let layout = busybox::oci_layout(&env.base, "sandboxd.test/busybox:bad");
+    // Flip bytes in the (gzip) layer blob: its digest no longer matches.
+    let blobs = layout.join("blobs/sha256");
+    let biggest = list_names(&blobs)
+        .into_iter()
+        .max_by_key(|n| std::fs::metadata(blobs.join(n)).unwrap().len())
+        .unwrap();
+    let mut data = std::fs::read(blobs.join(&biggest)).unwrap();
+    let n = data.len();
+    data[n / 2] ^= 0xff;
+    std::fs::write(blobs.join(&biggest), data).unwrap();
+    let e = store.import(&layout, None).unwrap_err().to_string();
+    assert!(e.contains("rejected"), "{e}");
+    assert!(
+        !store.dir.join("blobs/sha256").join(&biggest).exists(),
+        "corrupt blob stored"
+    );
+    assert!(store.list().is_empty());
+}
