@@ -56,6 +56,13 @@ pub enum Error {
     /// An id prefix matches several objects.
     #[error("id prefix {prefix:?} is ambiguous: it matches {count} objects")]
     Ambiguous { prefix: String, count: usize },
+    /// The object is not in a state that allows the request (e.g. a container in a pod that
+    /// is not ready, exec in a container that is not running). Nothing was changed.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The operation did not finish within the caller's timeout.
+    #[error("{0}")]
+    DeadlineExceeded(String),
     /// The daemon's configuration is unusable.
     #[error("configuration: {0}")]
     Config(String),

@@ -4,8 +4,10 @@
 //! run by an OCI runtime under a per-container monitor.
 #![deny(unsafe_code)]
 
+pub mod cgroups;
 pub mod cni;
 pub mod config;
+pub mod container;
 pub mod cri;
 pub mod error;
 pub mod failpoint;
@@ -24,6 +26,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use config::{Config, InfraPolicy, RuntimeHandler};
+pub use container::{
+    BindMount, ContainerConfig, ContainerFilter, ContainerMetadata, ContainerRecord,
+    ContainerState, ExecResult,
+};
 pub use error::{Error, Result};
 pub use sandbox::{
     DnsConfig, InfraMode, NamespaceMode, NamespaceOptions, PodSandboxConfig, PodSandboxMetadata,
@@ -41,11 +47,22 @@ pub(crate) struct SandboxEntry {
     pub(crate) record: Mutex<SandboxRecord>,
 }
 
+/// One container in memory, locked like [`SandboxEntry`]. Lock order: a sandbox's `op`
+/// before any of its containers' `op`.
+pub(crate) struct ContainerEntry {
+    pub(crate) op: Mutex<()>,
+    pub(crate) record: Mutex<ContainerRecord>,
+}
+
 #[derive(Default)]
 pub(crate) struct Registry {
     pub(crate) sandboxes: HashMap<String, Arc<SandboxEntry>>,
+    pub(crate) containers: HashMap<String, Arc<ContainerEntry>>,
+    /// Pod and container names share one reservation table (they cannot collide: a
+    /// container name never starts with `k8s_POD_`).
     pub(crate) names: NameReservations,
     pub(crate) ids: IdIndex,
+    pub(crate) container_ids: IdIndex,
 }
 
 /// The sandbox runtime: all state lives under `config.root` and is restored by [`Runtime::new`].
@@ -54,6 +71,8 @@ pub struct Runtime {
     pub(crate) registry: Mutex<Registry>,
     pub(crate) cni: Cni,
     pub(crate) runtimes: HashMap<String, OciRuntime>,
+    /// Images for application containers (`<root>/images`).
+    pub(crate) images: image::ImageStore,
     /// The shared read-only infra rootfs (present when a pause binary was found).
     pub(crate) infra_rootfs: Option<PathBuf>,
     /// Short tag of the state root, part of every namespace file name, so several daemons
@@ -71,7 +90,11 @@ impl Runtime {
     /// registered again with their names; unreferenced leftovers are collected.
     pub fn new(cfg: Config) -> Result<Self> {
         let rt = Self::open(cfg)?;
+        // Containers first: a sandbox rolled back on restore removes its containers, and
+        // the collection of unreferenced runtime containers must know every container.
+        container::restore::load(&rt)?;
         sandbox::restore::restore(&rt)?;
+        container::restore::reconcile(&rt);
         Ok(rt)
     }
 
@@ -91,6 +114,7 @@ impl Runtime {
         for d in [
             "sandboxes",
             "containers",
+            "images",
             "cni/cache",
             "cni/networks",
             "runtime",
@@ -143,11 +167,13 @@ impl Runtime {
             cache_dir: cfg.root.join("cni/cache"),
         };
         let root_tag = short_hash(&cfg.root.to_string_lossy());
+        let images = image::ImageStore::new(cfg.root.join("images"))?;
         Ok(Runtime {
             cfg,
             registry: Mutex::new(Registry::default()),
             cni,
             runtimes,
+            images,
             infra_rootfs,
             root_tag,
         })
@@ -198,6 +224,120 @@ impl Runtime {
         })?;
         let r = lock(&entry.record).clone();
         Ok(r)
+    }
+
+    /// CreateContainer in a ready sandbox; returns the container id.
+    pub fn create_container(&self, sandbox_id: &str, config: &ContainerConfig) -> Result<String> {
+        container::create::create(self, sandbox_id, config)
+    }
+
+    /// StartContainer: only a created container can be started.
+    pub fn start_container(&self, id: &str) -> Result<()> {
+        container::lifecycle::start(self, id)
+    }
+
+    /// StopContainer: stop signal, `timeout`, SIGKILL; idempotent, an unknown id is success.
+    pub fn stop_container(&self, id: &str, timeout: std::time::Duration) -> Result<()> {
+        container::lifecycle::stop(self, id, timeout)
+    }
+
+    /// RemoveContainer: force-stops and removes everything; an unknown id is success.
+    pub fn remove_container(&self, id: &str) -> Result<()> {
+        container::lifecycle::remove(self, id)
+    }
+
+    /// ContainerStatus (with the exit folded in if the container has exited); an unknown id
+    /// is `NotFound`.
+    pub fn container_status(&self, id: &str) -> Result<ContainerRecord> {
+        let e = self.container_entry(id)?;
+        container::lifecycle::refresh(&e);
+        let r = lock(&e.record).clone();
+        Ok(r)
+    }
+
+    /// The record as it stands (no refresh).
+    pub fn container_record(&self, id: &str) -> Result<ContainerRecord> {
+        let e = self.container_entry(id)?;
+        let r = lock(&e.record).clone();
+        Ok(r)
+    }
+
+    /// ListContainers, oldest first.
+    pub fn list_containers(&self, filter: &ContainerFilter) -> Vec<ContainerRecord> {
+        let entries: Vec<_> = lock(&self.registry).containers.values().cloned().collect();
+        let mut out: Vec<ContainerRecord> = entries
+            .iter()
+            .map(|e| {
+                container::lifecycle::refresh(e);
+                lock(&e.record).clone()
+            })
+            .filter(|r| filter.matches(r))
+            .collect();
+        out.sort_by_key(|r| (r.created_at, r.id.clone()));
+        out
+    }
+
+    /// ExecSync: runs `cmd` in a running container; past `timeout` (zero = none) the
+    /// command is killed and `DeadlineExceeded` returned.
+    pub fn exec_sync(
+        &self,
+        id: &str,
+        cmd: &[String],
+        timeout: std::time::Duration,
+    ) -> Result<ExecResult> {
+        container::lifecycle::exec_sync(self, id, cmd, timeout)
+    }
+
+    /// ReopenContainerLog: the monitor reopens the log file after a rotation.
+    pub fn reopen_container_log(&self, id: &str) -> Result<()> {
+        container::lifecycle::reopen_log(self, id)
+    }
+
+    /// CPU and memory use of a container, from its cgroup.
+    pub fn container_usage(&self, id: &str) -> Result<cgroups::Usage> {
+        Ok(cgroups::usage(&self.container_record(id)?.cgroup))
+    }
+
+    /// The image store.
+    pub fn images(&self) -> &image::ImageStore {
+        &self.images
+    }
+
+    /// RemoveImage: refused while a container uses the image; an unknown image is success.
+    pub fn remove_image(&self, name: &str) -> Result<()> {
+        let used: Vec<String> = lock(&self.registry)
+            .containers
+            .values()
+            .map(|e| lock(&e.record).image_id.clone())
+            .collect();
+        self.images
+            .remove(name, |id| used.iter().any(|u| u == id))?;
+        Ok(())
+    }
+
+    pub(crate) fn find_container(&self, id: &str) -> Result<Option<Arc<ContainerEntry>>> {
+        let reg = lock(&self.registry);
+        let Some(full) = reg.container_ids.resolve(id)? else {
+            return Ok(None);
+        };
+        Ok(reg.containers.get(&full).cloned())
+    }
+
+    pub(crate) fn container_entry(&self, id: &str) -> Result<Arc<ContainerEntry>> {
+        self.find_container(id)?.ok_or_else(|| Error::NotFound {
+            kind: "container",
+            id: id.to_string(),
+        })
+    }
+
+    /// The containers of one sandbox.
+    pub(crate) fn containers_of(&self, sandbox_id: &str) -> Vec<Arc<ContainerEntry>> {
+        lock(&self.registry)
+            .containers
+            .values()
+            .filter(|e| lock(&e.record).sandbox_id == sandbox_id)
+            .cloned()
+            .collect()
     }
 
     /// The CNI network a new sandbox would join: the first valid config file; the embedded

@@ -91,6 +91,46 @@ pub fn mount_shm(path: &Path, size: u64) -> Result<(), HostError> {
     .map_err(|e| HostError::sys("mount shm tmpfs on", path, e))
 }
 
+/// Mounts an overlayfs at `target`: `lower` top layer first, read-write `upper` and `work`
+/// (created here). The mount data must fit in a page, which bounds the number of layers.
+pub fn mount_overlay(
+    lower: &[PathBuf],
+    upper: &Path,
+    work: &Path,
+    target: &Path,
+) -> Result<(), HostError> {
+    for d in [upper, work, target] {
+        std::fs::create_dir_all(d).map_err(|e| HostError::io("create", d, e))?;
+    }
+    let join = |p: &Path| {
+        p.to_string_lossy()
+            .replace('\\', "\\\\")
+            .replace(':', "\\:")
+    };
+    let lowers: Vec<String> = lower.iter().map(|p| join(p)).collect();
+    let data = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lowers.join(":"),
+        join(upper),
+        join(work)
+    );
+    if data.len() >= 4096 {
+        return Err(HostError::Other(format!(
+            "overlay mount data for {} layers is {} bytes, over the kernel's page-size limit",
+            lower.len(),
+            data.len()
+        )));
+    }
+    mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        MsFlags::empty(),
+        Some(data.as_str()),
+    )
+    .map_err(|e| HostError::sys("mount overlay rootfs on", target, e))
+}
+
 /// Lazily unmounts every mount stacked at `path`. Not mounted is success.
 pub fn unmount_all(path: &Path) -> Result<(), HostError> {
     for _ in 0..16 {

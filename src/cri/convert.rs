@@ -215,6 +215,8 @@ pub fn status_of(e: &Error) -> tonic::Status {
         Error::InvalidArgument(_) | Error::Ambiguous { .. } => tonic::Status::invalid_argument(msg),
         Error::NameReserved { .. } => tonic::Status::already_exists(msg),
         Error::NotFound { .. } => tonic::Status::not_found(msg),
+        Error::FailedPrecondition(_) => tonic::Status::failed_precondition(msg),
+        Error::DeadlineExceeded(_) => tonic::Status::deadline_exceeded(msg),
         _ => tonic::Status::internal(msg),
     }
 }

@@ -206,10 +206,16 @@ impl OciRuntime {
         }
     }
 
-    /// Sends `signal` (e.g. "KILL", "TERM"); a container that is gone or stopped is success.
-    pub fn kill(&self, id: &str, signal: &str, log: &Path) -> Result<(), RuntimeError> {
+    /// Sends `signal` (e.g. "KILL", "TERM") to the container's init, or with `all` to every
+    /// process in it (a container sharing a PID namespace is not killed with its init); a
+    /// container that is gone or stopped is success.
+    pub fn kill(&self, id: &str, signal: &str, all: bool, log: &Path) -> Result<(), RuntimeError> {
         let mut c = self.base(Some(log));
-        c.arg("kill").arg(id).arg(signal);
+        c.arg("kill");
+        if all {
+            c.arg("--all");
+        }
+        c.arg(id).arg(signal);
         match self.call("kill", id, c, Some(log)) {
             Ok(_) => Ok(()),
             Err(e) if is_not_found(&e) || is_not_running(&e) => Ok(()),

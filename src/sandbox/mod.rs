@@ -186,6 +186,13 @@ pub struct SandboxRecord {
     pub network: NetworkRecord,
     pub infra: Option<InfraRecord>,
     pub stop: StopRecord,
+    /// The pod's cgroup, parent of the infra's and every container's cgroup: the config's
+    /// `cgroup_parent`, or one made for the pod under the configured parent (`own_pod_cgroup`,
+    /// removed with the sandbox).
+    #[serde(default)]
+    pub pod_cgroup: String,
+    #[serde(default)]
+    pub own_pod_cgroup: bool,
 }
 
 /// What PodSandboxStatus reports.
@@ -235,6 +242,17 @@ impl SandboxRecord {
 
     pub fn infra_dir(&self) -> PathBuf {
         self.dir.join("infra")
+    }
+
+    /// The pod's cgroup (records from before `pod_cgroup` existed: the parent in use then).
+    pub fn pod_cgroup(&self, cfg: &crate::Config) -> String {
+        if !self.pod_cgroup.is_empty() {
+            self.pod_cgroup.clone()
+        } else if !self.config.cgroup_parent.is_empty() {
+            self.config.cgroup_parent.clone()
+        } else {
+            cfg.cgroup_parent.clone()
+        }
     }
 }
 

@@ -30,6 +30,12 @@ pub(crate) fn teardown(rt: &Runtime, entry: &SandboxEntry, rollback: bool) -> Re
     super::stop::stop_locked(rt, entry, rollback)?;
     let rec = lock(&entry.record).clone();
     let mut errors = Vec::new();
+    for c in rt.containers_of(&rec.id) {
+        let _op = lock(&c.op);
+        if let Err(e) = crate::container::lifecycle::remove_locked(rt, &c) {
+            errors.push(e);
+        }
+    }
     if rec.infra.is_some() {
         match rt.handler(&rec.runtime_handler) {
             Ok(runtime) => {
@@ -53,6 +59,11 @@ pub(crate) fn teardown(rt: &Runtime, entry: &SandboxEntry, rollback: bool) -> Re
     }
     if !errors.is_empty() {
         return Error::collect(errors);
+    }
+    if rec.own_pod_cgroup {
+        if let Err(e) = crate::cgroups::remove(&rec.pod_cgroup) {
+            errors.push(Error::step("remove pod cgroup", &rec.id, e));
+        }
     }
     if !rec.network.gave_up {
         if let Err(e) = rt.cni.remove_cache(&rec.id) {

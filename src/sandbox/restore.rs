@@ -182,7 +182,14 @@ fn collect_cni(rt: &Runtime) {
 
 /// Runtime containers under our runtime roots that no record references.
 fn collect_runtime_containers(rt: &Runtime) {
-    let registered: HashSet<String> = lock(&rt.registry).sandboxes.keys().cloned().collect();
+    let registered: HashSet<String> = {
+        let reg = lock(&rt.registry);
+        reg.sandboxes
+            .keys()
+            .chain(reg.containers.keys())
+            .cloned()
+            .collect()
+    };
     for runtime in rt.runtimes.values() {
         let Ok(rd) = std::fs::read_dir(&runtime.root) else {
             continue;

@@ -125,6 +125,12 @@ fn new_record(
         network: NetworkRecord::default(),
         infra: None,
         stop: StopRecord::default(),
+        pod_cgroup: if config.cgroup_parent.is_empty() {
+            format!("{}/pod-{id}", rt.cfg.cgroup_parent.trim_end_matches('/'))
+        } else {
+            config.cgroup_parent.trim_end_matches('/').to_string()
+        },
+        own_pod_cgroup: config.cgroup_parent.is_empty(),
     }
 }
 
@@ -258,11 +264,6 @@ fn start_infra(
             HostError::io("create", &infra_dir, e),
         )
     })?;
-    let cgroup_parent = if config.cgroup_parent.is_empty() {
-        rt.cfg.cgroup_parent.clone()
-    } else {
-        config.cgroup_parent.clone()
-    };
     let s = spec::infra(&spec::InfraSpec {
         sandbox_id: id.to_string(),
         rootfs,
@@ -274,7 +275,7 @@ fn start_infra(
         resolv_conf: dir.join("resolv.conf"),
         hosts: dir.join("hosts"),
         hostname_file: dir.join("hostname"),
-        cgroups_path: format!("{}/sandboxd-{}", cgroup_parent.trim_end_matches('/'), id),
+        cgroups_path: format!("{}/sandboxd-{}", rec.pod_cgroup(&rt.cfg), id),
         oom_score_adj: spec::clamp_oom_score_adj(-998),
     })
     .map_err(|e| Error::step("generate infra spec", id, e))?;

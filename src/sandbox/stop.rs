@@ -46,7 +46,7 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) ->
     }
 
     if !rec.stop.containers_stopped {
-        // Application containers belong to the container layer; none can exist without it.
+        stop_containers(rt, &id)?;
         note(entry, |r| r.stop.containers_stopped = true);
         failpoint::hit("stop:containers");
     }
@@ -128,6 +128,32 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) ->
     Ok(())
 }
 
+/// Stops the sandbox's containers side by side: stop signal, `stop_grace`, SIGKILL.
+fn stop_containers(rt: &Runtime, id: &str) -> Result<()> {
+    let containers = rt.containers_of(id);
+    let grace = rt.cfg.stop_grace;
+    let errors: Vec<Error> = std::thread::scope(|s| {
+        let handles: Vec<_> = containers
+            .iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let _op = lock(&c.op);
+                    crate::container::lifecycle::stop_locked(rt, c, grace)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .filter_map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::step("stop containers", id, "worker panicked")))
+                    .err()
+            })
+            .collect()
+    });
+    Error::collect(errors)
+}
+
 /// CNI DEL with the recorded config and result (or a cache file kept from a given-up
 /// attempt); an empty `CNI_NETNS` if the netns is gone.
 fn teardown_network(rt: &Runtime, rec: &SandboxRecord) -> Result<(), crate::cni::CniError> {
@@ -168,7 +194,7 @@ fn stop_infra(rt: &Runtime, rec: &SandboxRecord, infra: &InfraRecord) -> Result<
         return Ok(());
     }
     runtime
-        .kill(&infra.id, "KILL", &files.runtime_log)
+        .kill(&infra.id, "KILL", false, &files.runtime_log)
         .map_err(|e| Error::step("stop infra container", &rec.id, e))?;
     wait_exit(&files, infra.pid, Duration::from_secs(10))
         .map_err(|e| Error::step("stop infra container", &rec.id, e))

@@ -126,7 +126,9 @@ impl Env {
         cfg.default_network.ip_masq = false;
         cfg.monitor_path = Some(shim("sandboxd-monitor"));
         cfg.pause_path = Some(shim("sandboxd-pause"));
-        cfg.cgroup_parent = "/sandboxd-test".into();
+        // Each test's pods under their own parent, so the leak check can see its cgroups.
+        cfg.cgroup_parent = format!("/sandboxd-test/t{n}");
+        cfg.stop_grace = std::time::Duration::from_secs(2);
         cfg.cni_bin_dirs = vec![base.join("bin"), PathBuf::from("/usr/lib/cni")];
         std::fs::create_dir_all(base.join("bin")).unwrap();
         std::fs::create_dir_all(&cfg.cni_conf_dir).unwrap();
@@ -259,6 +261,10 @@ impl Env {
                 .collect();
             assert!(left.is_empty(), "{h} containers left: {left:?}");
         }
+        let containers = list_names(&self.cfg.root.join("containers"));
+        assert!(containers.is_empty(), "container dirs left: {containers:?}");
+        let cgroups = cgroups_under(&self.cfg.cgroup_parent);
+        assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}");
         let sandboxes = list_names(&self.cfg.root.join("sandboxes"));
         assert!(sandboxes.is_empty(), "sandbox dirs left: {sandboxes:?}");
         let cache = list_names(&self.cfg.root.join("cni/cache"));
@@ -346,6 +352,17 @@ impl Drop for Env {
             ])
             .output();
         cleanup_base(&self.base);
+        let mut left = cgroups_under(&self.cfg.cgroup_parent);
+        left.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
+        for d in left {
+            let _ = std::fs::remove_dir(d);
+        }
+        for h in sandboxd::cgroups::hierarchies() {
+            let _ = std::fs::remove_dir(
+                h.mount_point
+                    .join(self.cfg.cgroup_parent.trim_start_matches('/')),
+            );
+        }
         let _ = Command::new("ip")
             .args(["link", "del", &self.bridge])
             .output();
@@ -365,6 +382,28 @@ impl Drop for Env {
             .output();
         let _ = &self.lease;
     }
+}
+
+/// Every cgroup directory below `parent`, in every hierarchy.
+pub fn cgroups_under(parent: &str) -> Vec<PathBuf> {
+    fn walk(d: &Path, out: &mut Vec<PathBuf>) {
+        if let Ok(rd) = std::fs::read_dir(d) {
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    out.push(e.path());
+                    walk(&e.path(), out);
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for h in sandboxd::cgroups::hierarchies() {
+        walk(
+            &h.mount_point.join(parent.trim_start_matches('/')),
+            &mut out,
+        );
+    }
+    out
 }
 
 /// Command lines of every process (but this one) whose argv mentions `needle`.

@@ -1,0 +1,169 @@
+//! cgroup inspection for what the runtime does not tell us: whether a container was
+//! OOM-killed, its CPU and memory use, and removing the per-pod parent cgroups we created.
+//! The layout is detected from `/proc/self/mountinfo` (v1, v2 or hybrid: never assumed).
+
+use std::path::{Path, PathBuf};
+
+use crate::error::HostError;
+
+/// One mounted cgroup hierarchy.
+#[derive(Debug, Clone)]
+pub struct Hierarchy {
+    pub mount_point: PathBuf,
+    /// `None` for cgroup2; the v1 controllers (from the mount's super options) otherwise.
+    pub controllers: Option<Vec<String>>,
+}
+
+/// Every cgroup hierarchy mounted in this mount namespace.
+pub fn hierarchies() -> Vec<Hierarchy> {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut out: Vec<Hierarchy> = Vec::new();
+    for line in text.lines() {
+        let Some((pre, post)) = line.split_once(" - ") else {
+            continue;
+        };
+        let Some(mp) = pre.split(' ').nth(4) else {
+            continue;
+        };
+        let mut post = post.split(' ');
+        let fs = post.next().unwrap_or("");
+        let opts = post.nth(1).unwrap_or("");
+        let controllers = match fs {
+            "cgroup2" => None,
+            "cgroup" => Some(
+                opts.split(',')
+                    .filter(|o| !matches!(*o, "rw" | "ro") && !o.contains('='))
+                    .map(str::to_string)
+                    .collect(),
+            ),
+            _ => continue,
+        };
+        if out.iter().any(|h| h.mount_point == Path::new(mp)) {
+            continue;
+        }
+        out.push(Hierarchy {
+            mount_point: PathBuf::from(mp),
+            controllers,
+        });
+    }
+    out
+}
+
+fn join(mp: &Path, cgroup: &str) -> PathBuf {
+    mp.join(cgroup.trim_start_matches('/'))
+}
+
+/// The directory of `cgroup` in the hierarchy that holds `controller` (v1), else in the v2
+/// hierarchy when it has that controller enabled.
+pub fn controller_dir(controller: &str, cgroup: &str) -> Option<PathBuf> {
+    let hs = hierarchies();
+    if let Some(h) = hs.iter().find(|h| {
+        h.controllers
+            .as_ref()
+            .is_some_and(|c| c.iter().any(|c| c == controller))
+    }) {
+        return Some(join(&h.mount_point, cgroup));
+    }
+    hs.iter()
+        .filter(|h| h.controllers.is_none())
+        .map(|h| join(&h.mount_point, cgroup))
+        .find(|d| {
+            std::fs::read_to_string(d.join("cgroup.controllers"))
+                .is_ok_and(|c| c.split_whitespace().any(|x| x == controller))
+        })
+}
+
+fn key_value(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+/// Did the kernel OOM-kill a process of `cgroup`? (v1 `memory.oom_control`, v2 `memory.events`.)
+pub fn oom_killed(cgroup: &str) -> bool {
+    let Some(dir) = controller_dir("memory", cgroup) else {
+        return false;
+    };
+    ["memory.oom_control", "memory.events"].iter().any(|f| {
+        std::fs::read_to_string(dir.join(f))
+            .ok()
+            .and_then(|t| key_value(&t, "oom_kill"))
+            .is_some_and(|n| n > 0)
+    })
+}
+
+/// CPU and memory use of one cgroup, as CRI stats report them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub cpu_nanos: Option<u64>,
+    pub memory_bytes: Option<u64>,
+    /// Memory use minus inactive file cache (what kubelet evicts on).
+    pub working_set_bytes: Option<u64>,
+}
+
+/// Reads the usage of `cgroup` from whichever hierarchies hold cpu accounting and memory.
+pub fn usage(cgroup: &str) -> Usage {
+    let read = |p: PathBuf| std::fs::read_to_string(p).ok();
+    let mut u = Usage::default();
+    if let Some(d) = controller_dir("cpuacct", cgroup) {
+        u.cpu_nanos = read(d.join("cpuacct.usage")).and_then(|s| s.trim().parse().ok());
+    }
+    if u.cpu_nanos.is_none() {
+        if let Some(d) = controller_dir("cpu", cgroup) {
+            u.cpu_nanos = read(d.join("cpu.stat"))
+                .and_then(|t| key_value(&t, "usage_usec"))
+                .map(|us| us * 1000);
+        }
+    }
+    if let Some(d) = controller_dir("memory", cgroup) {
+        let (usage, inactive) = match read(d.join("memory.usage_in_bytes")) {
+            Some(v1) => (
+                v1.trim().parse::<u64>().ok(),
+                read(d.join("memory.stat")).and_then(|t| key_value(&t, "total_inactive_file")),
+            ),
+            None => (
+                read(d.join("memory.current")).and_then(|s| s.trim().parse().ok()),
+                read(d.join("memory.stat")).and_then(|t| key_value(&t, "inactive_file")),
+            ),
+        };
+        u.memory_bytes = usage;
+        u.working_set_bytes = usage.map(|m| m.saturating_sub(inactive.unwrap_or(0)));
+    }
+    u
+}
+
+/// Removes `cgroup` (an empty directory once its containers are deleted) from every
+/// hierarchy. A missing one is fine; a busy one is an error naming it.
+pub fn remove(cgroup: &str) -> Result<(), HostError> {
+    if cgroup.split('/').any(|c| c == "..") || cgroup.trim_matches('/').is_empty() {
+        return Err(HostError::Other(format!(
+            "refusing to remove cgroup {cgroup:?}"
+        )));
+    }
+    for h in hierarchies() {
+        let d = join(&h.mount_point, cgroup);
+        match std::fs::remove_dir(&d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(HostError::io("remove cgroup", &d, e)),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_a_hierarchy() {
+        // Every Linux host running the tests has at least one cgroup hierarchy mounted.
+        assert!(!hierarchies().is_empty());
+        assert!(remove("/").is_err());
+        assert!(remove("/a/../b").is_err());
+        assert_eq!(key_value("oom 0\noom_kill 3\n", "oom_kill"), Some(3));
+    }
+}

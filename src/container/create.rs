@@ -1,0 +1,291 @@
+//! CreateContainer: validate → resolve sandbox (must be ready) and image → reserve name →
+//! record `creating` → overlay rootfs → user from the image's /etc/passwd → OCI bundle →
+//! runtime `create` under a monitor → record `created`. A failure undoes every earlier step,
+//! newest first, and releases the name.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use super::spec::{self, Inputs};
+use super::*;
+use crate::error::{Error, HostError, Result};
+use crate::sandbox::{now_nanos, SandboxRecord, SandboxState};
+use crate::{failpoint, lock, validate, ContainerEntry, Runtime};
+
+pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -> Result<String> {
+    spec::validate(config)?;
+    let sb_entry = rt.lookup(sandbox_id)?.ok_or_else(|| Error::NotFound {
+        kind: "sandbox",
+        id: sandbox_id.to_string(),
+    })?;
+    // Holding the sandbox's lock keeps it from being stopped while the container is made.
+    let _sb_op = lock(&sb_entry.op);
+    let sb = lock(&sb_entry.record).clone();
+    if sb.state != SandboxState::Ready {
+        return Err(Error::FailedPrecondition(format!(
+            "sandbox {} is not ready ({:?}); cannot create a container in it",
+            sb.id, sb.state
+        )));
+    }
+    let image = rt
+        .images
+        .get(&config.image)
+        .ok_or_else(|| Error::NotFound {
+            kind: "image",
+            id: config.image.clone(),
+        })?;
+    let namespaces = namespaces(rt, &sb, config)?;
+    let seccomp = match &config.security.seccomp {
+        _ if config.security.privileged => None,
+        Seccomp::Unconfined => None,
+        Seccomp::RuntimeDefault => Some(spec::runtime_default_seccomp()),
+        Seccomp::Localhost(p) => Some(spec::localhost_seccomp(p)?),
+    };
+    let devices = devices(config)?;
+    let m = &sb.config.metadata;
+    let name = format!(
+        "k8s_{}_{}_{}_{}_{}",
+        config.metadata.name, m.name, m.namespace, m.uid, config.metadata.attempt
+    );
+    let log_path = (!sb.config.log_directory.is_empty() && !config.log_path.is_empty())
+        .then(|| Path::new(&sb.config.log_directory).join(&config.log_path));
+
+    let id = validate::new_id();
+    let record = ContainerRecord {
+        id: id.clone(),
+        name: name.clone(),
+        sandbox_id: sb.id.clone(),
+        config: config.clone(),
+        image_id: image.id.clone(),
+        image_ref: image
+            .repo_digests
+            .first()
+            .cloned()
+            .unwrap_or_else(|| image.id.clone()),
+        runtime_handler: sb.runtime_handler.clone(),
+        state: ContainerState::Creating,
+        created_at: now_nanos(),
+        started_at: 0,
+        finished_at: 0,
+        exit_code: 0,
+        reason: String::new(),
+        message: String::new(),
+        pid: 0,
+        dir: rt.cfg.root.join("containers").join(&id),
+        log_path,
+        cgroup: format!("{}/sandboxd-{}", sb.pod_cgroup(&rt.cfg), id),
+        stop_signal: if image.config.stop_signal.is_empty() {
+            "TERM".into()
+        } else {
+            image
+                .config
+                .stop_signal
+                .trim_start_matches("SIG")
+                .to_string()
+        },
+        shared_pid: !namespaces.iter().any(|(t, p)| *t == "pid" && p.is_none()),
+    };
+    let entry = {
+        let mut reg = lock(&rt.registry);
+        if let Some(holder) = reg.names.holder(&name) {
+            return Err(Error::NameReserved {
+                name,
+                holder: holder.to_string(),
+            });
+        }
+        reg.names.reserve(&name, &id)?;
+        reg.container_ids.insert(&id);
+        let entry = Arc::new(ContainerEntry {
+            op: Mutex::new(()),
+            record: Mutex::new(record),
+        });
+        reg.containers.insert(id.clone(), entry.clone());
+        entry
+    };
+    let _op = lock(&entry.op);
+    tracing::info!(container_id = %id, sandbox_id = %sb.id, name = %name, image = %image.id, "creating container");
+    match build(rt, &entry, &sb, &image, namespaces, seccomp, devices) {
+        Ok(()) => Ok(id),
+        Err(err) => {
+            tracing::warn!(container_id = %id, error = %err, "container creation failed; rolling back");
+            match super::lifecycle::teardown(rt, &entry) {
+                Ok(()) => {
+                    super::lifecycle::unregister(rt, &entry);
+                    Err(err)
+                }
+                Err(undo) => Err(Error::Many(vec![err, Error::step("roll back", &id, undo)])),
+            }
+        }
+    }
+}
+
+fn build(
+    rt: &Runtime,
+    entry: &ContainerEntry,
+    sb: &SandboxRecord,
+    image: &crate::image::ImageRecord,
+    namespaces: Vec<(&'static str, Option<PathBuf>)>,
+    seccomp: Option<serde_json::Value>,
+    devices: Vec<spec::DeviceNode>,
+) -> Result<()> {
+    let rec = lock(&entry.record).clone();
+    let id = rec.id.as_str();
+    std::fs::create_dir(&rec.dir).map_err(|e| {
+        Error::step(
+            "create container dir",
+            id,
+            HostError::io("create", &rec.dir, e),
+        )
+    })?;
+    update(entry, |_| {})?;
+    failpoint::hit("create:recorded");
+
+    let lower = image
+        .layers
+        .iter()
+        .rev()
+        .map(|l| rt.images.layer_dir(l))
+        .collect::<Result<Vec<_>>>()?;
+    crate::mounts::mount_overlay(
+        &lower,
+        &rec.dir.join("upper"),
+        &rec.dir.join("work"),
+        &rec.rootfs(),
+    )
+    .map_err(|e| Error::step("mount rootfs", id, e))?;
+    failpoint::hit("create:rootfs");
+
+    let user = spec::resolve_user(&rec.config, &image.config, &rec.rootfs())?;
+    let hostname = std::fs::read_to_string(sb.dir.join("hostname"))
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let oci = spec::build(&Inputs {
+        id,
+        sandbox_id: &sb.id,
+        config: &rec.config,
+        image: &image.config,
+        image_name: &rec.config.image,
+        rootfs: &rec.rootfs(),
+        user,
+        hostname,
+        cgroup: &rec.cgroup,
+        namespaces,
+        shm: sb.shm.clone(),
+        host_network: sb.config.host_network(),
+        sandbox_dir: &sb.dir,
+        oom_score_adj: crate::oci::spec::clamp_oom_score_adj(
+            rec.config.resources.oom_score_adj as i32,
+        ),
+        seccomp,
+        devices,
+    })?;
+    oci.save(rec.dir.join("config.json"))
+        .map_err(|e| Error::step("write bundle", id, HostError::Other(e.to_string())))?;
+
+    if let Some(log) = &rec.log_path {
+        if let Some(parent) = log.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                Error::step("create log dir", id, HostError::io("create", parent, e))
+            })?;
+        }
+    }
+    let runtime = rt.handler(&rec.runtime_handler)?;
+    let files = rec.files();
+    let pid = runtime
+        .create(id, &rec.dir, &files)
+        .map_err(|e| Error::step("create container", id, e))?;
+    failpoint::hit("create:runtime");
+    update(entry, |r| {
+        r.state = ContainerState::Created;
+        r.pid = pid;
+    })
+}
+
+/// The namespaces the container joins: the pod's network, IPC and UTS (by path: pinned
+/// files, or the infra process's), the PID namespace per its `NamespaceOption`, a new mount
+/// namespace.
+fn namespaces(
+    rt: &Runtime,
+    sb: &SandboxRecord,
+    c: &ContainerConfig,
+) -> Result<Vec<(&'static str, Option<PathBuf>)>> {
+    let infra_ns = |t: &str| {
+        sb.infra
+            .as_ref()
+            .filter(|i| i.started && !i.stopped && i.pid > 0)
+            .map(|i| PathBuf::from(format!("/proc/{}/ns/{t}", i.pid)))
+    };
+    let mut out = vec![("mount", None)];
+    if let Some(netns) = &sb.netns {
+        out.push(("network", Some(netns.clone())));
+        out.push(("uts", infra_ns("uts").or_else(|| sb.utsns.clone())));
+    }
+    if !sb.config.host_ipc() {
+        out.push(("ipc", infra_ns("ipc").or_else(|| sb.ipcns.clone())));
+    }
+    match c.security.pid {
+        NamespaceMode::Node => {}
+        NamespaceMode::Container => out.push(("pid", None)),
+        NamespaceMode::Pod if sb.config.host_pid() => {}
+        // POD is the proto's zero value: in a pod without a shared PID namespace (kubelet
+        // then sends CONTAINER anyway) it means the container's own.
+        NamespaceMode::Pod => out.push(("pid", infra_ns("pid"))),
+        NamespaceMode::Target => {
+            let target = rt.container_record(&c.security.target_id)?;
+            if target.state != ContainerState::Running || target.sandbox_id != sb.id {
+                return Err(Error::InvalidArgument(format!(
+                    "security_context.namespace_options.target_id {}: not a running container of this pod",
+                    c.security.target_id
+                )));
+            }
+            out.push((
+                "pid",
+                Some(PathBuf::from(format!("/proc/{}/ns/pid", target.pid))),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// Looks each requested device up on the host.
+fn devices(c: &ContainerConfig) -> Result<Vec<spec::DeviceNode>> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut out = Vec::new();
+    for d in &c.devices {
+        let m = std::fs::metadata(&d.host_path).map_err(|e| {
+            Error::InvalidArgument(format!("devices.host_path {}: {e}", d.host_path))
+        })?;
+        let typ = if m.file_type().is_char_device() {
+            "c"
+        } else if m.file_type().is_block_device() {
+            "b"
+        } else {
+            return Err(Error::InvalidArgument(format!(
+                "devices.host_path {} is not a device node",
+                d.host_path
+            )));
+        };
+        let rdev = m.rdev();
+        out.push(spec::DeviceNode {
+            container_path: d.container_path.clone(),
+            typ: typ.to_string(),
+            major: nix::sys::stat::major(rdev) as i64,
+            minor: nix::sys::stat::minor(rdev) as i64,
+            mode: m.mode() & 0o7777,
+            permissions: d.permissions.clone(),
+        });
+    }
+    Ok(out)
+}
+
+/// Applies `f` to the record and persists it (in memory only before the dir exists).
+pub(crate) fn update(entry: &ContainerEntry, f: impl FnOnce(&mut ContainerRecord)) -> Result<()> {
+    let mut r = lock(&entry.record);
+    f(&mut r);
+    if !r.dir.is_dir() {
+        return Ok(());
+    }
+    crate::state::write_json_atomic(&r.state_file(), &*r)
+        .map_err(|e| Error::step("persist container state", &r.id, e))
+}

@@ -1,0 +1,353 @@
+//! Start, Stop, Remove, status refresh, ExecSync and log reopening. Stop and Remove are
+//! idempotent, as the CRI asks; the exit is learnt from the monitor's exit file.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::create::update;
+use super::*;
+use crate::error::{Error, HostError, Result};
+use crate::sandbox::now_nanos;
+use crate::{lock, ContainerEntry, Runtime};
+
+/// Longest ExecSync output kept per stream (kubelet's own limit is 16 MiB).
+const MAX_EXEC_OUTPUT: usize = 16 << 20;
+
+pub(crate) fn start(rt: &Runtime, id: &str) -> Result<()> {
+    let entry = rt.container_entry(id)?;
+    let _op = lock(&entry.op);
+    refresh(&entry);
+    let rec = lock(&entry.record).clone();
+    if rec.state != ContainerState::Created {
+        return Err(Error::FailedPrecondition(format!(
+            "container {} is {:?}, only a created container can be started",
+            rec.id, rec.state
+        )));
+    }
+    let runtime = rt.handler(&rec.runtime_handler)?;
+    // Taken before the call: the process may run (and exit) before `start` returns.
+    let started = now_nanos();
+    if let Err(e) = runtime.start(&rec.id, &rec.files().runtime_log) {
+        let msg = e.to_string();
+        update(&entry, |r| {
+            r.state = ContainerState::Exited;
+            r.exit_code = 128;
+            r.reason = "StartError".into();
+            r.message = msg;
+            r.finished_at = now_nanos();
+        })?;
+        return Err(Error::step("start container", &rec.id, e));
+    }
+    update(&entry, |r| {
+        r.state = ContainerState::Running;
+        r.started_at = started;
+    })?;
+    tracing::info!(container_id = %rec.id, pid = rec.pid, "container started");
+    refresh(&entry);
+    Ok(())
+}
+
+/// Folds an exit the monitor recorded into the record (persisted once).
+pub(crate) fn refresh(entry: &ContainerEntry) {
+    let rec = lock(&entry.record).clone();
+    if !matches!(
+        rec.state,
+        ContainerState::Created | ContainerState::Running | ContainerState::Unknown
+    ) {
+        return;
+    }
+    let files = rec.files();
+    let Some(exit) = files.exit() else {
+        return;
+    };
+    let finished = std::fs::metadata(&files.exit_file)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or_else(now_nanos, |d| d.as_nanos() as i64);
+    let oom = exit.signal == Some(9) && crate::cgroups::oom_killed(&rec.cgroup);
+    let reason = if oom {
+        "OOMKilled"
+    } else if exit.exit_code == 0 {
+        "Completed"
+    } else {
+        "Error"
+    };
+    let _ = update(entry, |r| {
+        r.state = ContainerState::Exited;
+        r.exit_code = exit.exit_code;
+        r.finished_at = finished.max(r.started_at);
+        if r.reason.is_empty() {
+            r.reason = reason.into();
+        }
+    });
+}
+
+/// StopContainer: the stop signal, `timeout` to exit, then SIGKILL. Zero timeout kills now.
+/// A container that is not running (or unknown) is success.
+pub(crate) fn stop(rt: &Runtime, id: &str, timeout: Duration) -> Result<()> {
+    let Some(entry) = rt.find_container(id)? else {
+        return Ok(());
+    };
+    let _op = lock(&entry.op);
+    stop_locked(rt, &entry, timeout)
+}
+
+pub(crate) fn stop_locked(rt: &Runtime, entry: &ContainerEntry, timeout: Duration) -> Result<()> {
+    refresh(entry);
+    let rec = lock(&entry.record).clone();
+    if !matches!(
+        rec.state,
+        ContainerState::Running | ContainerState::Created | ContainerState::Unknown
+    ) {
+        return Ok(());
+    }
+    let runtime = rt.handler(&rec.runtime_handler)?;
+    let files = rec.files();
+    let all = rec.shared_pid;
+    if rec.state == ContainerState::Running && !timeout.is_zero() {
+        runtime
+            .kill(&rec.id, &rec.stop_signal, all, &files.runtime_log)
+            .map_err(|e| Error::step("signal container", &rec.id, e))?;
+        if crate::sandbox::stop::wait_exit(&files, rec.pid, timeout).is_ok() {
+            refresh(entry);
+            return finish_stop(entry);
+        }
+        tracing::info!(container_id = %rec.id, ?timeout, "container ignored its stop signal; killing it");
+    }
+    runtime
+        .kill(&rec.id, "KILL", all, &files.runtime_log)
+        .map_err(|e| Error::step("kill container", &rec.id, e))?;
+    crate::sandbox::stop::wait_exit(&files, rec.pid, Duration::from_secs(10))
+        .map_err(|e| Error::step("kill container", &rec.id, e))?;
+    refresh(entry);
+    finish_stop(entry)
+}
+
+/// After a kill: a container whose monitor died without an exit file still counts as exited.
+fn finish_stop(entry: &ContainerEntry) -> Result<()> {
+    let rec = lock(&entry.record).clone();
+    if rec.state == ContainerState::Exited {
+        tracing::info!(container_id = %rec.id, exit_code = rec.exit_code, "container stopped");
+        return Ok(());
+    }
+    update(entry, |r| {
+        r.state = ContainerState::Exited;
+        r.exit_code = 137;
+        r.reason = "Error".into();
+        r.message = "the container's monitor exited without recording the exit".into();
+        r.finished_at = now_nanos();
+    })
+}
+
+/// RemoveContainer: force-stops, deletes it from the runtime, unmounts the rootfs, removes
+/// its dir and log, releases its name. An unknown id is success.
+pub(crate) fn remove(rt: &Runtime, id: &str) -> Result<()> {
+    let Some(entry) = rt.find_container(id)? else {
+        return Ok(());
+    };
+    let _op = lock(&entry.op);
+    let cid = lock(&entry.record).id.clone();
+    if !lock(&rt.registry).containers.contains_key(&cid) {
+        return Ok(()); // removed while we waited
+    }
+    remove_locked(rt, &entry)
+}
+
+pub(crate) fn remove_locked(rt: &Runtime, entry: &ContainerEntry) -> Result<()> {
+    stop_locked(rt, entry, Duration::ZERO)?;
+    teardown(rt, entry)?;
+    let rec = lock(&entry.record).clone();
+    if let Some(log) = &rec.log_path {
+        match std::fs::remove_file(log) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(container_id = %rec.id, error = %e, "cannot remove container log")
+            }
+        }
+    }
+    unregister(rt, entry);
+    tracing::info!(container_id = %rec.id, "container removed");
+    Ok(())
+}
+
+/// Removes every host resource of a container that is not running: the runtime's container,
+/// the rootfs mount, the container dir. Used by remove, by a failed create's rollback and by
+/// restore of a half-created container.
+pub(crate) fn teardown(rt: &Runtime, entry: &ContainerEntry) -> Result<()> {
+    let rec = lock(&entry.record).clone();
+    let mut errors = Vec::new();
+    match rt.handler(&rec.runtime_handler) {
+        Ok(runtime) => {
+            let files = rec.files();
+            if let Err(e) = runtime.delete(&rec.id, &files.runtime_log) {
+                errors.push(Error::step("delete container", &rec.id, e));
+            }
+        }
+        Err(e) => errors.push(e),
+    }
+    if let Err(e) = crate::mounts::unmount_all(&rec.rootfs()) {
+        errors.push(Error::step("unmount rootfs", &rec.id, e));
+    }
+    Error::collect(errors)?;
+    crate::state::remove_record_dir(&rec.dir)
+        .map_err(|e| Error::step("remove container dir", &rec.id, e))
+}
+
+pub(crate) fn unregister(rt: &Runtime, entry: &ContainerEntry) {
+    let (id, name) = {
+        let r = lock(&entry.record);
+        (r.id.clone(), r.name.clone())
+    };
+    let mut reg = lock(&rt.registry);
+    reg.containers.remove(&id);
+    reg.container_ids.remove(&id);
+    reg.names.release(&name, &id);
+}
+
+/// ExecSync: runs `cmd` in the container with the runtime's `exec` and returns its output
+/// and exit code. Past `timeout` (zero = none) the process is killed and the call fails with
+/// `DeadlineExceeded`.
+pub(crate) fn exec_sync(
+    rt: &Runtime,
+    id: &str,
+    cmd: &[String],
+    timeout: Duration,
+) -> Result<ExecResult> {
+    let entry = rt.container_entry(id)?;
+    refresh(&entry);
+    let rec = lock(&entry.record).clone();
+    if rec.state != ContainerState::Running {
+        return Err(Error::FailedPrecondition(format!(
+            "container {} is not running ({:?})",
+            rec.id, rec.state
+        )));
+    }
+    if cmd.is_empty() {
+        return Err(Error::InvalidArgument("cmd must not be empty".into()));
+    }
+    let runtime = rt.handler(&rec.runtime_handler)?;
+    let pid_file = rec
+        .dir
+        .join(format!("exec-{}.pid", &crate::validate::new_id()[..12]));
+    let mut c = Command::new(&runtime.path);
+    c.arg("--root")
+        .arg(&runtime.root)
+        .arg("exec")
+        .arg("--pid-file")
+        .arg(&pid_file)
+        .arg(&rec.id)
+        .args(cmd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env_remove("NOTIFY_SOCKET");
+    let mut child = c.spawn().map_err(|e| {
+        Error::step(
+            "exec in container",
+            &rec.id,
+            HostError::io("spawn", &runtime.path, e),
+        )
+    })?;
+    let reader = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(r) = r {
+                let _ = r.take(MAX_EXEC_OUTPUT as u64).read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = reader(
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let err = reader(
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let deadline = (!timeout.is_zero()).then(|| Instant::now() + timeout);
+    let status = match deadline {
+        Some(d) => crate::process::wait_until(&mut child, d).map_err(|e| {
+            Error::step(
+                "exec in container",
+                &rec.id,
+                HostError::io("wait", &runtime.path, e),
+            )
+        })?,
+        None => Some(child.wait().map_err(|e| {
+            Error::step(
+                "exec in container",
+                &rec.id,
+                HostError::io("wait", &runtime.path, e),
+            )
+        })?),
+    };
+    let Some(status) = status else {
+        // Kill the exec'd process itself (killing only the runtime would orphan it inside the
+        // container), then the runtime.
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_file(&pid_file);
+        return Err(Error::DeadlineExceeded(format!(
+            "command {cmd:?} in container {} timed out after {timeout:?} and was killed",
+            rec.id
+        )));
+    };
+    let _ = std::fs::remove_file(&pid_file);
+    let stdout = out.join().unwrap_or_default();
+    let stderr = err.join().unwrap_or_default();
+    use std::os::unix::process::ExitStatusExt;
+    let exit_code = status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(255);
+    Ok(ExecResult {
+        stdout,
+        stderr,
+        exit_code,
+    })
+}
+
+/// ReopenContainerLog: the monitor reopens the log file (after kubelet rotated it).
+pub(crate) fn reopen_log(rt: &Runtime, id: &str) -> Result<()> {
+    let entry = rt.container_entry(id)?;
+    refresh(&entry);
+    let rec = lock(&entry.record).clone();
+    if rec.state != ContainerState::Running {
+        return Err(Error::FailedPrecondition(format!(
+            "container {} is not running; its log cannot be reopened",
+            rec.id
+        )));
+    }
+    let pid = rec
+        .files()
+        .monitor_pid()
+        .ok_or_else(|| Error::FailedPrecondition(format!("container {} has no monitor", rec.id)))?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGUSR1,
+    )
+    .map_err(|e| {
+        Error::step(
+            "reopen log",
+            &rec.id,
+            HostError::sys("signal monitor", "", e),
+        )
+    })
+}
