@@ -295,16 +295,27 @@ fn lifecycle_and_status_codes() {
             .create_container(cri::CreateContainerRequest::default())
             .await
             .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().contains("config"), "{}", e.message());
+        // Features that do not exist yet say so instead of pretending.
+        let e = c.exec(cri::ExecRequest::default()).await.unwrap_err();
         assert_eq!(e.code(), Code::Unimplemented);
+        assert!(e.message().contains("streaming"), "{}", e.message());
         let mut img =
             k8s_cri::v1::image_service_client::ImageServiceClient::new(channel(&d.socket).await);
-        assert_eq!(
-            img.list_images(cri::ListImagesRequest::default())
-                .await
-                .unwrap_err()
-                .code(),
-            Code::Unimplemented
-        );
+        assert!(img
+            .list_images(cri::ListImagesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .images
+            .is_empty());
+        let e = img
+            .pull_image(cri::PullImageRequest::default())
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unimplemented);
+        assert!(e.message().contains("images import"), "{}", e.message());
 
         // Filters.
         let ready = c
@@ -743,6 +754,202 @@ fn sandboxctl_drives_the_daemon() {
     assert!(ctl(&["stopp", &id[..9]]).contains(&id));
     assert!(ctl(&["rmp", &id[..9]]).contains(&id));
     assert!(ctl(&["pods", "-q"]).trim().is_empty());
+    env.assert_no_leaks();
+}
+
+/// Containers and images through sandboxctl and the daemon: import, create, start, logs,
+/// exec, ps, inspect, stop, rm, rmi (refused while used), with crictl-style JSON files.
+#[test]
+fn sandboxctl_containers_and_images() {
+    let env = Env::new("e2ectr");
+    let d = Daemon::start(&env);
+    let ep = format!("unix://{}", d.socket.display());
+    let ctl_out = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_sandboxctl"))
+            .arg("-r")
+            .arg(&ep)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let ctl = |args: &[&str]| {
+        let out = ctl_out(args);
+        assert!(
+            out.status.success(),
+            "sandboxctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let archive = busybox::docker_archive(&env.base, "sandboxd.test/busybox:e2e");
+    let root = env.cfg.root.to_string_lossy().into_owned();
+    assert!(ctl(&[
+        "images",
+        "import",
+        "--root",
+        &root,
+        archive.to_str().unwrap()
+    ])
+    .contains("sha256:"));
+    assert!(ctl(&["images"]).contains("sandboxd.test/busybox"));
+
+    let logs = env.base.join("logs");
+    let pod = env.base.join("pod.json");
+    std::fs::write(
+        &pod,
+        format!(
+            r#"{{"metadata":{{"name":"e2e","namespace":"default","uid":"e2e-uid"}},
+                "log_directory":"{}"}}"#,
+            logs.display()
+        ),
+    )
+    .unwrap();
+    let ctr = env.base.join("ctr.json");
+    std::fs::write(
+        &ctr,
+        r#"{"metadata":{"name":"talker"},"image":{"image":"sandboxd.test/busybox:e2e"},
+            "command":["sh","-c","echo hello from $WHO; exec sleep 1000"],
+            "envs":[{"key":"WHO","value":"e2e"}],"log_path":"talker.log",
+            "linux":{"security_context":{"run_as_user":{"value":1234},
+                     "capabilities":{"drop_capabilities":["NET_RAW"]}}}}"#,
+    )
+    .unwrap();
+    let pod_id = ctl(&["runp", pod.to_str().unwrap()]).trim().to_string();
+    let id = ctl(&[
+        "create",
+        &pod_id[..8],
+        ctr.to_str().unwrap(),
+        pod.to_str().unwrap(),
+    ])
+    .trim()
+    .to_string();
+    assert_eq!(id.len(), 64);
+    assert!(ctl(&["ps", "-a"]).contains("CONTAINER_CREATED"));
+    ctl(&["start", &id[..8]]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ctl(&["logs", &id[..8]]).contains("hello from e2e") {
+        assert!(Instant::now() < deadline, "no log output");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(logs.join("talker.log").is_file());
+    assert_eq!(ctl(&["exec", &id[..8], "id", "-u"]), "1234\n");
+    let out = ctl_out(&["exec", &id[..8], "sh", "-c", "exit 4"]);
+    assert_eq!(out.status.code(), Some(4));
+    let ps: serde_json::Value = serde_json::from_str(&ctl(&["-o", "json", "ps"])).unwrap();
+    assert_eq!(ps["containers"][0]["id"], serde_json::json!(id));
+    let inspect: serde_json::Value = serde_json::from_str(&ctl(&["inspect", &id[..8]])).unwrap();
+    assert_eq!(
+        inspect["status"]["state"],
+        serde_json::json!(cri::ContainerState::ContainerRunning as i32)
+    );
+    assert_eq!(
+        inspect["info"]["info"]["sandbox_id"],
+        serde_json::json!(pod_id)
+    );
+    // The image is in use: refused, with the reason.
+    let out = ctl_out(&["images", "rm", "sandboxd.test/busybox:e2e"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("used by a container"));
+    ctl(&["stop", "-t", "0", &id[..8]]);
+    let inspect: serde_json::Value = serde_json::from_str(&ctl(&["inspect", &id[..8]])).unwrap();
+    assert_eq!(inspect["status"]["exit_code"], serde_json::json!(137));
+    ctl(&["rm", &id[..8]]);
+    assert!(ctl(&["ps", "-a", "-q"]).trim().is_empty());
+    ctl(&["images", "rm", "sandboxd.test/busybox:e2e"]);
+    assert!(!ctl(&["images"]).contains("busybox"));
+    ctl(&["rmp", &pod_id[..8]]);
+    env.assert_no_leaks();
+}
+
+/// kill -9 of the daemon with containers running: after the restart they still run, their
+/// logs keep flowing, and an exit that happens later is recorded with its code.
+#[test]
+fn containers_survive_daemon_kill9() {
+    let env = Env::new("e2ectr9");
+    let mut d = Daemon::start(&env);
+    let ep = format!("unix://{}", d.socket.display());
+    let ctl = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_sandboxctl"))
+            .arg("-r")
+            .arg(&ep)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "sandboxctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let layout = busybox::oci_layout(&env.base, "sandboxd.test/busybox:k9");
+    let root = env.cfg.root.to_string_lossy().into_owned();
+    ctl(&[
+        "images",
+        "import",
+        "--root",
+        &root,
+        layout.to_str().unwrap(),
+    ]);
+    let logs = env.base.join("logs");
+    let pod = env.base.join("pod.json");
+    std::fs::write(
+        &pod,
+        format!(
+            r#"{{"metadata":{{"name":"k9","namespace":"default","uid":"k9-uid"}},
+                "log_directory":"{}"}}"#,
+            logs.display()
+        ),
+    )
+    .unwrap();
+    let mk = |name: &str, script: &str| {
+        let f = env.base.join(format!("{name}.json"));
+        std::fs::write(
+            &f,
+            serde_json::json!({"metadata": {"name": name},
+                "image": {"image": "sandboxd.test/busybox:k9"},
+                "command": ["sh", "-c", script], "log_path": format!("{name}.log")})
+            .to_string(),
+        )
+        .unwrap();
+        f
+    };
+    let pod_id = ctl(&["runp", pod.to_str().unwrap()]).trim().to_string();
+    let ticker = mk("ticker", "while :; do echo tick; sleep 0.1; done");
+    let quitter = mk("quitter", "sleep 3; exit 9");
+    let mut ids = Vec::new();
+    for f in [&ticker, &quitter] {
+        let id = ctl(&[
+            "create",
+            &pod_id,
+            f.to_str().unwrap(),
+            pod.to_str().unwrap(),
+        ])
+        .trim()
+        .to_string();
+        ctl(&["start", &id]);
+        ids.push(id);
+    }
+    d.kill9();
+    let _d = Daemon::start(&env);
+    assert!(ctl(&["ps", "-q"]).contains(&ids[0]));
+    let log = logs.join("ticker.log");
+    let before = std::fs::read_to_string(&log).unwrap().lines().count();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(std::fs::read_to_string(&log).unwrap().lines().count() > before);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v: serde_json::Value = serde_json::from_str(&ctl(&["inspect", &ids[1]])).unwrap();
+        if v["status"]["state"] == serde_json::json!(cri::ContainerState::ContainerExited as i32) {
+            assert_eq!(v["status"]["exit_code"], serde_json::json!(9));
+            assert_eq!(v["status"]["reason"], serde_json::json!("Error"));
+            break;
+        }
+        assert!(Instant::now() < deadline, "quitter never exited: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ctl(&["stopp", &pod_id]);
+    ctl(&["rmp", &pod_id]);
     env.assert_no_leaks();
 }
 

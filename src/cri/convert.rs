@@ -11,7 +11,7 @@ use crate::sandbox::{
     SandboxFilter, SandboxState, SandboxStatus,
 };
 
-fn mode(v: i32, field: &str) -> Result<NamespaceMode, Error> {
+pub(crate) fn mode(v: i32, field: &str) -> Result<NamespaceMode, Error> {
     match cri::NamespaceMode::try_from(v) {
         Ok(cri::NamespaceMode::Pod) => Ok(NamespaceMode::Pod),
         Ok(cri::NamespaceMode::Container) => Ok(NamespaceMode::Container),

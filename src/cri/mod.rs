@@ -1,10 +1,12 @@
 //! The CRI v1 gRPC services: `RuntimeService` and `ImageService`. They translate between CRI
 //! messages and the core [`Runtime`](crate::Runtime) (whose calls block on process calls, so
-//! they run on tokio's blocking pool) and nothing more. Container and image RPCs answer
-//! `Unimplemented` until the container layer exists: never a fake success.
+//! they run on tokio's blocking pool) and nothing more. RPCs whose feature does not exist
+//! yet (streaming, registry pulls, resource updates, pod stats) answer `Unimplemented` with
+//! a message saying so: never a fake success.
 
 pub mod client;
 pub mod convert;
+pub mod convert_ctr;
 
 use std::sync::Arc;
 
@@ -16,10 +18,9 @@ use tracing::Instrument;
 
 use crate::Runtime;
 
-const CONTAINERS: &str =
-    "containers are not supported by this sandboxd version yet (sandboxes only)";
-const IMAGES: &str =
-    "images are not supported by this sandboxd version yet (the infra process needs no image)";
+const STREAMING: &str =
+    "streaming (exec, attach, port-forward) needs the streaming server, which this sandboxd \
+     version lacks; ExecSync works";
 
 fn not_yet(rpc: &str, why: &str) -> Status {
     Status::unimplemented(format!("{rpc}: {why}"))
@@ -43,6 +44,25 @@ impl CriService {
         F: FnOnce(&Runtime) -> crate::Result<T> + Send + 'static,
     {
         let span = tracing::info_span!("cri", rpc, sandbox_id = %sandbox_id);
+        let rt = self.rt.clone();
+        let r = tokio::task::spawn_blocking(move || f(&rt))
+            .instrument(span.clone())
+            .await
+            .map_err(|e| Status::internal(format!("{rpc}: worker failed: {e}")))?;
+        r.map_err(|e| {
+            let _g = span.enter();
+            tracing::warn!(error = %e, "{rpc} failed");
+            convert::status_of(&e)
+        })
+    }
+
+    /// [`call`](Self::call) for container and image RPCs: the span names the object.
+    async fn blocking<T, F>(&self, rpc: &'static str, id: &str, f: F) -> Result<T, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Runtime) -> crate::Result<T> + Send + 'static,
+    {
+        let span = tracing::info_span!("cri", rpc, container_id = %id);
         let rt = self.rt.clone();
         let r = tokio::task::spawn_blocking(move || f(&rt))
             .instrument(span.clone())
@@ -161,21 +181,45 @@ impl RuntimeService for CriService {
 
     async fn list_containers(
         &self,
-        _: Request<cri::ListContainersRequest>,
+        req: Request<cri::ListContainersRequest>,
     ) -> Result<Response<cri::ListContainersResponse>, Status> {
-        // No container can exist yet: an empty list is the truth, and kubelet lists often.
-        Ok(Response::new(cri::ListContainersResponse {
-            containers: Vec::new(),
-        }))
+        let filter = convert_ctr::container_filter(req.get_ref().filter.as_ref())
+            .map_err(|e| convert::status_of(&e))?;
+        let containers = match filter {
+            Some(f) => self
+                .blocking("ListContainers", "", move |rt| Ok(rt.list_containers(&f)))
+                .await?
+                .iter()
+                .map(convert_ctr::container_to_cri)
+                .collect(),
+            None => Vec::new(),
+        };
+        Ok(Response::new(cri::ListContainersResponse { containers }))
     }
 
     async fn list_container_stats(
         &self,
-        _: Request<cri::ListContainerStatsRequest>,
+        req: Request<cri::ListContainerStatsRequest>,
     ) -> Result<Response<cri::ListContainerStatsResponse>, Status> {
-        Ok(Response::new(cri::ListContainerStatsResponse {
-            stats: Vec::new(),
-        }))
+        let f = req.into_inner().filter.unwrap_or_default();
+        let filter = crate::ContainerFilter {
+            id_prefix: (!f.id.is_empty()).then(|| f.id.to_ascii_lowercase()),
+            sandbox_id: (!f.pod_sandbox_id.is_empty())
+                .then(|| f.pod_sandbox_id.to_ascii_lowercase()),
+            labels: f.label_selector.into_iter().collect(),
+            state: Some(crate::ContainerState::Running),
+        };
+        let stats = self
+            .blocking("ListContainerStats", "", move |rt| {
+                let now = crate::sandbox::now_nanos();
+                Ok(rt
+                    .list_containers(&filter)
+                    .iter()
+                    .map(|r| convert_ctr::stats_to_cri(r, &crate::cgroups::usage(&r.cgroup), now))
+                    .collect())
+            })
+            .await?;
+        Ok(Response::new(cri::ListContainerStatsResponse { stats }))
     }
 
     async fn list_pod_sandbox_stats(
@@ -184,7 +228,7 @@ impl RuntimeService for CriService {
     ) -> Result<Response<cri::ListPodSandboxStatsResponse>, Status> {
         Err(not_yet(
             "list_pod_sandbox_stats",
-            "pod stats arrive with the container layer",
+            "pod-level stats are not implemented yet (ListContainerStats is)",
         ))
     }
 
@@ -279,119 +323,219 @@ impl RuntimeService for CriService {
         &self,
         _: Request<cri::GetEventsRequest>,
     ) -> Result<Response<Self::GetContainerEventsStream>, Status> {
-        Err(not_yet("get_container_events", CONTAINERS))
+        Err(not_yet(
+            "get_container_events",
+            "evented PLEG is not supported; kubelet falls back to relisting",
+        ))
     }
 
     async fn create_container(
         &self,
-        _: Request<cri::CreateContainerRequest>,
+        req: Request<cri::CreateContainerRequest>,
     ) -> Result<Response<cri::CreateContainerResponse>, Status> {
-        Err(not_yet("create_container", CONTAINERS))
+        let req = req.into_inner();
+        let config = req
+            .config
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("CreateContainer: config is required"))?;
+        let config = convert_ctr::container_config(config).map_err(|e| convert::status_of(&e))?;
+        let sandbox = req.pod_sandbox_id.clone();
+        let id = self
+            .call("CreateContainer", &req.pod_sandbox_id, move |rt| {
+                rt.create_container(&sandbox, &config)
+            })
+            .await?;
+        tracing::info!(container_id = %id, sandbox_id = %req.pod_sandbox_id, "CreateContainer done");
+        Ok(Response::new(cri::CreateContainerResponse {
+            container_id: id,
+        }))
     }
 
     async fn start_container(
         &self,
-        _: Request<cri::StartContainerRequest>,
+        req: Request<cri::StartContainerRequest>,
     ) -> Result<Response<cri::StartContainerResponse>, Status> {
-        Err(not_yet("start_container", CONTAINERS))
+        let id = req.into_inner().container_id;
+        let i = id.clone();
+        self.blocking("StartContainer", &id, move |rt| rt.start_container(&i))
+            .await?;
+        Ok(Response::new(cri::StartContainerResponse {}))
     }
 
     async fn stop_container(
         &self,
-        _: Request<cri::StopContainerRequest>,
+        req: Request<cri::StopContainerRequest>,
     ) -> Result<Response<cri::StopContainerResponse>, Status> {
-        Err(not_yet("stop_container", CONTAINERS))
+        let req = req.into_inner();
+        let (i, t) = (req.container_id.clone(), req.timeout.max(0) as u64);
+        self.blocking("StopContainer", &req.container_id, move |rt| {
+            rt.stop_container(&i, std::time::Duration::from_secs(t))
+        })
+        .await?;
+        Ok(Response::new(cri::StopContainerResponse {}))
     }
 
     async fn remove_container(
         &self,
-        _: Request<cri::RemoveContainerRequest>,
+        req: Request<cri::RemoveContainerRequest>,
     ) -> Result<Response<cri::RemoveContainerResponse>, Status> {
-        Err(not_yet("remove_container", CONTAINERS))
+        let id = req.into_inner().container_id;
+        let i = id.clone();
+        self.blocking("RemoveContainer", &id, move |rt| rt.remove_container(&i))
+            .await?;
+        Ok(Response::new(cri::RemoveContainerResponse {}))
     }
 
     async fn container_status(
         &self,
-        _: Request<cri::ContainerStatusRequest>,
+        req: Request<cri::ContainerStatusRequest>,
     ) -> Result<Response<cri::ContainerStatusResponse>, Status> {
-        Err(not_yet("container_status", CONTAINERS))
+        let req = req.into_inner();
+        let i = req.container_id.clone();
+        let r = self
+            .blocking("ContainerStatus", &req.container_id, move |rt| {
+                rt.container_status(&i)
+            })
+            .await?;
+        let mut info = std::collections::HashMap::new();
+        if req.verbose {
+            info.insert(
+                "info".to_string(),
+                serde_json::to_string(&r).unwrap_or_default(),
+            );
+        }
+        Ok(Response::new(cri::ContainerStatusResponse {
+            status: Some(convert_ctr::status_to_cri(&r)),
+            info,
+        }))
     }
 
     async fn update_container_resources(
         &self,
         _: Request<cri::UpdateContainerResourcesRequest>,
     ) -> Result<Response<cri::UpdateContainerResourcesResponse>, Status> {
-        Err(not_yet("update_container_resources", CONTAINERS))
+        Err(not_yet(
+            "update_container_resources",
+            "changing the resources of a running container is not implemented yet",
+        ))
     }
 
     async fn reopen_container_log(
         &self,
-        _: Request<cri::ReopenContainerLogRequest>,
+        req: Request<cri::ReopenContainerLogRequest>,
     ) -> Result<Response<cri::ReopenContainerLogResponse>, Status> {
-        Err(not_yet("reopen_container_log", CONTAINERS))
+        let id = req.into_inner().container_id;
+        let i = id.clone();
+        self.blocking("ReopenContainerLog", &id, move |rt| {
+            rt.reopen_container_log(&i)
+        })
+        .await?;
+        Ok(Response::new(cri::ReopenContainerLogResponse {}))
     }
 
     async fn exec_sync(
         &self,
-        _: Request<cri::ExecSyncRequest>,
+        req: Request<cri::ExecSyncRequest>,
     ) -> Result<Response<cri::ExecSyncResponse>, Status> {
-        Err(not_yet("exec_sync", CONTAINERS))
+        let req = req.into_inner();
+        let (i, cmd, t) = (
+            req.container_id.clone(),
+            req.cmd,
+            std::time::Duration::from_secs(req.timeout.max(0) as u64),
+        );
+        let r = self
+            .blocking("ExecSync", &req.container_id, move |rt| {
+                rt.exec_sync(&i, &cmd, t)
+            })
+            .await?;
+        Ok(Response::new(cri::ExecSyncResponse {
+            stdout: r.stdout,
+            stderr: r.stderr,
+            exit_code: r.exit_code,
+        }))
     }
 
     async fn exec(
         &self,
         _: Request<cri::ExecRequest>,
     ) -> Result<Response<cri::ExecResponse>, Status> {
-        Err(not_yet("exec", CONTAINERS))
+        Err(not_yet("exec", STREAMING))
     }
 
     async fn attach(
         &self,
         _: Request<cri::AttachRequest>,
     ) -> Result<Response<cri::AttachResponse>, Status> {
-        Err(not_yet("attach", CONTAINERS))
+        Err(not_yet("attach", STREAMING))
     }
 
     async fn port_forward(
         &self,
         _: Request<cri::PortForwardRequest>,
     ) -> Result<Response<cri::PortForwardResponse>, Status> {
-        Err(not_yet("port_forward", CONTAINERS))
+        Err(not_yet("port_forward", STREAMING))
     }
 
     async fn container_stats(
         &self,
-        _: Request<cri::ContainerStatsRequest>,
+        req: Request<cri::ContainerStatsRequest>,
     ) -> Result<Response<cri::ContainerStatsResponse>, Status> {
-        Err(not_yet("container_stats", CONTAINERS))
+        let id = req.into_inner().container_id;
+        let i = id.clone();
+        let stats = self
+            .blocking("ContainerStats", &id, move |rt| {
+                let r = rt.container_record(&i)?;
+                let u = crate::cgroups::usage(&r.cgroup);
+                Ok(convert_ctr::stats_to_cri(
+                    &r,
+                    &u,
+                    crate::sandbox::now_nanos(),
+                ))
+            })
+            .await?;
+        Ok(Response::new(cri::ContainerStatsResponse {
+            stats: Some(stats),
+        }))
     }
 
     async fn pod_sandbox_stats(
         &self,
         _: Request<cri::PodSandboxStatsRequest>,
     ) -> Result<Response<cri::PodSandboxStatsResponse>, Status> {
-        Err(not_yet("pod_sandbox_stats", CONTAINERS))
+        Err(not_yet(
+            "pod_sandbox_stats",
+            "pod-level stats are not implemented yet (ContainerStats is)",
+        ))
     }
 
     async fn checkpoint_container(
         &self,
         _: Request<cri::CheckpointContainerRequest>,
     ) -> Result<Response<cri::CheckpointContainerResponse>, Status> {
-        Err(not_yet("checkpoint_container", CONTAINERS))
+        Err(not_yet(
+            "checkpoint_container",
+            "checkpointing is not supported",
+        ))
     }
 
     async fn list_metric_descriptors(
         &self,
         _: Request<cri::ListMetricDescriptorsRequest>,
     ) -> Result<Response<cri::ListMetricDescriptorsResponse>, Status> {
-        Err(not_yet("list_metric_descriptors", CONTAINERS))
+        Err(not_yet(
+            "list_metric_descriptors",
+            "CRI metrics are not supported; use ListContainerStats",
+        ))
     }
 
     async fn list_pod_sandbox_metrics(
         &self,
         _: Request<cri::ListPodSandboxMetricsRequest>,
     ) -> Result<Response<cri::ListPodSandboxMetricsResponse>, Status> {
-        Err(not_yet("list_pod_sandbox_metrics", CONTAINERS))
+        Err(not_yet(
+            "list_pod_sandbox_metrics",
+            "CRI metrics are not supported; use ListContainerStats",
+        ))
     }
 }
 
@@ -399,36 +543,98 @@ impl RuntimeService for CriService {
 impl ImageService for CriService {
     async fn list_images(
         &self,
-        _: Request<cri::ListImagesRequest>,
+        req: Request<cri::ListImagesRequest>,
     ) -> Result<Response<cri::ListImagesResponse>, Status> {
-        Err(not_yet("list_images", IMAGES))
+        let want = req
+            .into_inner()
+            .filter
+            .and_then(|f| f.image)
+            .map(|i| i.image)
+            .filter(|i| !i.is_empty());
+        let images = self
+            .blocking("ListImages", "", move |rt| {
+                Ok(match want {
+                    Some(name) => rt.images().get(&name).into_iter().collect(),
+                    None => rt.images().list(),
+                })
+            })
+            .await?;
+        Ok(Response::new(cri::ListImagesResponse {
+            images: images.iter().map(convert_ctr::image_to_cri).collect(),
+        }))
     }
 
     async fn image_status(
         &self,
-        _: Request<cri::ImageStatusRequest>,
+        req: Request<cri::ImageStatusRequest>,
     ) -> Result<Response<cri::ImageStatusResponse>, Status> {
-        Err(not_yet("image_status", IMAGES))
+        let req = req.into_inner();
+        let name = req.image.map(|i| i.image).unwrap_or_default();
+        let n = name.clone();
+        let img = self
+            .blocking("ImageStatus", &name, move |rt| Ok(rt.images().get(&n)))
+            .await?;
+        // An unknown image is an empty answer, not an error (kubelet then pulls it).
+        let mut info = std::collections::HashMap::new();
+        if req.verbose {
+            if let Some(i) = &img {
+                info.insert(
+                    "info".to_string(),
+                    serde_json::to_string(i).unwrap_or_default(),
+                );
+            }
+        }
+        Ok(Response::new(cri::ImageStatusResponse {
+            image: img.as_ref().map(convert_ctr::image_to_cri),
+            info,
+        }))
     }
 
     async fn pull_image(
         &self,
-        _: Request<cri::PullImageRequest>,
+        req: Request<cri::PullImageRequest>,
     ) -> Result<Response<cri::PullImageResponse>, Status> {
-        Err(not_yet("pull_image", IMAGES))
+        let name = req.into_inner().image.map(|i| i.image).unwrap_or_default();
+        Err(not_yet(
+            "pull_image",
+            &format!(
+                "registry pulls are not implemented yet; import {name:?} with \
+                 `sandboxctl images import FILE` (OCI layout, oci-archive or docker-archive)"
+            ),
+        ))
     }
 
     async fn remove_image(
         &self,
-        _: Request<cri::RemoveImageRequest>,
+        req: Request<cri::RemoveImageRequest>,
     ) -> Result<Response<cri::RemoveImageResponse>, Status> {
-        Err(not_yet("remove_image", IMAGES))
+        let name = req.into_inner().image.map(|i| i.image).unwrap_or_default();
+        let n = name.clone();
+        self.call("RemoveImage", &name, move |rt| rt.remove_image(&n))
+            .await?;
+        Ok(Response::new(cri::RemoveImageResponse {}))
     }
 
     async fn image_fs_info(
         &self,
         _: Request<cri::ImageFsInfoRequest>,
     ) -> Result<Response<cri::ImageFsInfoResponse>, Status> {
-        Err(not_yet("image_fs_info", IMAGES))
+        let (usage, mountpoint) = self
+            .blocking("ImageFsInfo", "", |rt| {
+                Ok((rt.images().usage(), rt.images().dir.clone()))
+            })
+            .await?;
+        let fs = cri::FilesystemUsage {
+            timestamp: crate::sandbox::now_nanos(),
+            fs_id: Some(cri::FilesystemIdentifier {
+                mountpoint: mountpoint.to_string_lossy().into_owned(),
+            }),
+            used_bytes: Some(cri::UInt64Value { value: usage.0 }),
+            inodes_used: Some(cri::UInt64Value { value: usage.1 }),
+        };
+        Ok(Response::new(cri::ImageFsInfoResponse {
+            image_filesystems: vec![fs],
+            container_filesystems: Vec::new(),
+        }))
     }
 }

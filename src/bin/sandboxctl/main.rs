@@ -1,10 +1,12 @@
 //! sandboxctl: a small CRI v1 client for any CRI endpoint (sandboxd, containerd, CRI-O). Pod
-//! config files use the JSON shape crictl accepts. `sandboxctl bench` drives pod lifecycles
+//! and container config files use the JSON shape crictl accepts. `sandboxctl bench` drives pod lifecycles
 //! through the socket and reports per-RPC latency, so runtimes can be compared like for like.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+mod containers;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use k8s_cri::v1 as cri;
@@ -16,7 +18,7 @@ use tonic::transport::Channel;
 #[command(
     name = "sandboxctl",
     version,
-    about = "CRI v1 client (pods) and lifecycle benchmark"
+    about = "CRI v1 client (pods, containers, images) and lifecycle benchmark"
 )]
 struct Cli {
     /// CRI endpoint, `unix:///path/to.sock`.
@@ -79,6 +81,54 @@ enum Cmd {
     },
     /// Pod sandbox status (verbose).
     Inspectp { id: String },
+    /// Create a container in a pod: POD-ID CONTAINER.json POD.json (as crictl create).
+    Create {
+        pod: String,
+        config: PathBuf,
+        pod_config: PathBuf,
+    },
+    /// Start created containers.
+    Start { ids: Vec<String> },
+    /// Stop containers: stop signal, `--timeout` seconds, then SIGKILL.
+    Stop {
+        ids: Vec<String>,
+        #[arg(long, short = 't', default_value_t = 10)]
+        timeout: i64,
+    },
+    /// Remove containers (stopping them first).
+    Rm { ids: Vec<String> },
+    /// List containers (running ones unless --all).
+    Ps {
+        #[arg(long, short)]
+        all: bool,
+        /// Only this pod's (id prefix).
+        #[arg(long, short)]
+        pod: Option<String>,
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Container status (verbose).
+    Inspect { id: String },
+    /// Print a container's log; `-f` follows it until the container exits.
+    Logs {
+        id: String,
+        #[arg(long, short)]
+        follow: bool,
+    },
+    /// Run a command in a running container and wait for it (ExecSync).
+    Exec {
+        id: String,
+        /// Seconds before the command is killed (0 = no limit).
+        #[arg(long, default_value_t = 0)]
+        timeout: i64,
+        #[arg(trailing_var_arg = true, required = true)]
+        cmd: Vec<String>,
+    },
+    /// Images: list (default), import FILE, inspect, rm.
+    Images {
+        #[command(subcommand)]
+        cmd: Option<containers::ImagesCmd>,
+    },
     /// Drive N pod lifecycles (Run → Status → Stop → Remove) with concurrency C.
     Bench {
         #[arg(long, short = 'n', default_value_t = 50)]
@@ -124,6 +174,12 @@ async fn main() {
 }
 
 async fn run(cli: Cli) -> Result<(), String> {
+    if let Cmd::Images {
+        cmd: Some(containers::ImagesCmd::Import { file, name, root }),
+    } = &cli.command
+    {
+        return containers::import(file, name.as_deref(), root);
+    }
     let ch = connect(&cli.endpoint, Duration::from_secs(cli.timeout)).await?;
     let mut c = client(&ch);
     let json = cli.output == Output::Json;
@@ -272,19 +328,108 @@ async fn run(cli: Cli) -> Result<(), String> {
                 .await
                 .map_err(|s| grpc_err("PodSandboxStatus", s))?
                 .into_inner();
-            let mut v = serde_json::to_value(&s).unwrap();
-            // Verbose info values are JSON documents: show them as such.
-            if let Some(info) = v.get_mut("info").and_then(|i| i.as_object_mut()) {
-                for val in info.values_mut() {
-                    if let Some(parsed) = val
-                        .as_str()
-                        .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
-                    {
-                        *val = parsed;
-                    }
-                }
+            println!("{}", containers::pretty_verbose(&s));
+        }
+        Cmd::Create {
+            pod,
+            config,
+            pod_config,
+        } => {
+            let pod = resolve(&mut c, &pod).await?;
+            let r = c
+                .create_container(cri::CreateContainerRequest {
+                    pod_sandbox_id: pod,
+                    config: Some(containers::load_container_config(&config)?),
+                    sandbox_config: Some(load_pod_config(&pod_config)?),
+                })
+                .await
+                .map_err(|s| grpc_err("CreateContainer", s))?
+                .into_inner();
+            println!("{}", r.container_id);
+        }
+        Cmd::Start { ids } => {
+            for id in ids {
+                let id = containers::resolve_container(&mut c, &id).await?;
+                c.start_container(cri::StartContainerRequest {
+                    container_id: id.clone(),
+                })
+                .await
+                .map_err(|s| grpc_err("StartContainer", s))?;
+                println!("{id}");
             }
-            println!("{}", serde_json::to_string_pretty(&v).unwrap());
+        }
+        Cmd::Stop { ids, timeout } => {
+            for id in ids {
+                let id = containers::resolve_container(&mut c, &id).await?;
+                c.stop_container(cri::StopContainerRequest {
+                    container_id: id.clone(),
+                    timeout,
+                })
+                .await
+                .map_err(|s| grpc_err("StopContainer", s))?;
+                println!("{id}");
+            }
+        }
+        Cmd::Rm { ids } => {
+            for id in ids {
+                let id = containers::resolve_container(&mut c, &id).await?;
+                c.remove_container(cri::RemoveContainerRequest {
+                    container_id: id.clone(),
+                })
+                .await
+                .map_err(|s| grpc_err("RemoveContainer", s))?;
+                println!("{id}");
+            }
+        }
+        Cmd::Ps { all, pod, quiet } => {
+            let pod = match pod {
+                Some(p) => Some(resolve(&mut c, &p).await?),
+                None => None,
+            };
+            containers::ps(&mut c, all, pod, quiet, json).await?;
+        }
+        Cmd::Inspect { id } => {
+            let id = containers::resolve_container(&mut c, &id).await?;
+            let s = c
+                .container_status(cri::ContainerStatusRequest {
+                    container_id: id,
+                    verbose: true,
+                })
+                .await
+                .map_err(|s| grpc_err("ContainerStatus", s))?
+                .into_inner();
+            println!("{}", containers::pretty_verbose(&s));
+        }
+        Cmd::Logs { id, follow } => {
+            let id = containers::resolve_container(&mut c, &id).await?;
+            containers::logs(&mut c, &id, follow).await?;
+        }
+        Cmd::Exec { id, timeout, cmd } => {
+            let id = containers::resolve_container(&mut c, &id).await?;
+            let r = c
+                .exec_sync(cri::ExecSyncRequest {
+                    container_id: id,
+                    cmd,
+                    timeout,
+                })
+                .await
+                .map_err(|s| grpc_err("ExecSync", s))?
+                .into_inner();
+            use std::io::Write;
+            let _ = std::io::stdout().write_all(&r.stdout);
+            let _ = std::io::stderr().write_all(&r.stderr);
+            let _ = std::io::stdout().flush();
+            if r.exit_code != 0 {
+                std::process::exit(r.exit_code);
+            }
+        }
+        Cmd::Images { cmd } => {
+            containers::images(
+                &ch,
+                cmd.unwrap_or(containers::ImagesCmd::List { quiet: false }),
+                json,
+            )
+            .await?;
         }
         Cmd::Bench {
             pods,

@@ -1,0 +1,552 @@
+//! Container and image commands: `create/start/stop/rm/ps/inspect/logs/exec` over CRI, and
+//! `images` (list, inspect, remove over CRI; `import` into a local store directly, since the
+//! CRI has no import call).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Subcommand;
+use k8s_cri::v1 as cri;
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use serde::Deserialize;
+use tonic::transport::Channel;
+
+use super::{ago, grpc_err, EnumJson};
+
+#[derive(Subcommand, Debug)]
+pub enum ImagesCmd {
+    /// List images.
+    List {
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Import an OCI image layout dir, an oci-archive or a docker-archive tar into the local
+    /// store of a sandboxd state root (run on the node, as root).
+    Import {
+        file: PathBuf,
+        /// Tag for an archive that names no image.
+        #[arg(long)]
+        name: Option<String>,
+        /// The daemon's state root.
+        #[arg(long, default_value = "/var/lib/sandboxd")]
+        root: PathBuf,
+    },
+    /// Image status (verbose).
+    Inspect { image: String },
+    /// Remove images.
+    Rm { images: Vec<String> },
+}
+
+pub fn images_client(ch: &Channel) -> ImageServiceClient<Channel> {
+    ImageServiceClient::new(ch.clone())
+        .max_decoding_message_size(16 << 20)
+        .max_encoding_message_size(16 << 20)
+}
+
+/// `images import` needs no daemon: it writes the store under the state root (the store's
+/// index is locked, so a running daemon sees the image on its next call).
+pub fn import(file: &Path, name: Option<&str>, root: &Path) -> Result<(), String> {
+    let store = sandboxd::image::ImageStore::new(root.join("images")).map_err(|e| e.to_string())?;
+    for img in store.import(file, name).map_err(|e| e.to_string())? {
+        println!(
+            "Imported {} {}",
+            img.id,
+            img.repo_tags.first().map(String::as_str).unwrap_or("")
+        );
+    }
+    Ok(())
+}
+
+pub async fn images(ch: &Channel, cmd: ImagesCmd, json: bool) -> Result<(), String> {
+    let mut c = images_client(ch);
+    match cmd {
+        ImagesCmd::Import { .. } => unreachable!("handled without a connection"),
+        ImagesCmd::List { quiet } => {
+            let images = c
+                .list_images(cri::ListImagesRequest { filter: None })
+                .await
+                .map_err(|s| grpc_err("ListImages", s))?
+                .into_inner()
+                .images;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({ "images": images })).unwrap()
+                );
+            } else if quiet {
+                images.iter().for_each(|i| println!("{}", i.id));
+            } else {
+                println!("{:<50}  {:<13}  SIZE", "IMAGE", "IMAGE ID");
+                for i in images {
+                    let id = i.id.trim_start_matches("sha256:");
+                    let names = if i.repo_tags.is_empty() {
+                        vec!["<none>".to_string()]
+                    } else {
+                        i.repo_tags.clone()
+                    };
+                    for n in names {
+                        println!(
+                            "{:<50}  {:<13}  {:.1}MB",
+                            n,
+                            &id[..13.min(id.len())],
+                            i.size as f64 / 1e6
+                        );
+                    }
+                }
+            }
+        }
+        ImagesCmd::Inspect { image } => {
+            let r = c
+                .image_status(cri::ImageStatusRequest {
+                    image: Some(cri::ImageSpec {
+                        image: image.clone(),
+                        ..Default::default()
+                    }),
+                    verbose: true,
+                })
+                .await
+                .map_err(|s| grpc_err("ImageStatus", s))?
+                .into_inner();
+            if r.image.is_none() {
+                return Err(format!("no such image: {image}"));
+            }
+            println!("{}", pretty_verbose(&r));
+        }
+        ImagesCmd::Rm { images } => {
+            for image in images {
+                c.remove_image(cri::RemoveImageRequest {
+                    image: Some(cri::ImageSpec {
+                        image: image.clone(),
+                        ..Default::default()
+                    }),
+                })
+                .await
+                .map_err(|s| grpc_err("RemoveImage", s))?;
+                println!("Deleted: {image}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// JSON with the verbose `info` values (JSON documents in strings) shown as JSON.
+pub fn pretty_verbose<T: serde::Serialize>(r: &T) -> String {
+    let mut v = serde_json::to_value(r).unwrap();
+    if let Some(info) = v.get_mut("info").and_then(|i| i.as_object_mut()) {
+        for val in info.values_mut() {
+            if let Some(parsed) = val
+                .as_str()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+            {
+                *val = parsed;
+            }
+        }
+    }
+    serde_json::to_string_pretty(&v).unwrap()
+}
+
+/// Resolves a container id prefix against ListContainers; no match passes it on unchanged.
+pub async fn resolve_container(
+    c: &mut RuntimeServiceClient<Channel>,
+    prefix: &str,
+) -> Result<String, String> {
+    let items = c
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .map_err(|s| grpc_err("ListContainers", s))?
+        .into_inner()
+        .containers;
+    let hits: Vec<_> = items
+        .into_iter()
+        .filter(|p| p.id.starts_with(prefix))
+        .collect();
+    match hits.len() {
+        0 => Ok(prefix.to_string()),
+        1 => Ok(hits[0].id.clone()),
+        n => Err(format!(
+            "id prefix {prefix:?} is ambiguous ({n} containers)"
+        )),
+    }
+}
+
+pub async fn ps(
+    c: &mut RuntimeServiceClient<Channel>,
+    all: bool,
+    pod: Option<String>,
+    quiet: bool,
+    json: bool,
+) -> Result<(), String> {
+    let filter = cri::ContainerFilter {
+        pod_sandbox_id: pod.unwrap_or_default(),
+        state: (!all).then_some(cri::ContainerStateValue {
+            state: cri::ContainerState::ContainerRunning as i32,
+        }),
+        ..Default::default()
+    };
+    let list = c
+        .list_containers(cri::ListContainersRequest {
+            filter: Some(filter),
+        })
+        .await
+        .map_err(|s| grpc_err("ListContainers", s))?
+        .into_inner()
+        .containers;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "containers": list })).unwrap()
+        );
+    } else if quiet {
+        list.iter().for_each(|x| println!("{}", x.id));
+    } else {
+        println!(
+            "{:<13}  {:<30}  {:<16}  {:<17}  {:<20}  {:<7}  POD ID",
+            "CONTAINER", "IMAGE", "CREATED", "STATE", "NAME", "ATTEMPT"
+        );
+        for x in list {
+            let m = x.metadata.unwrap_or_default();
+            let state = cri::ContainerState::try_from(x.state)
+                .map(|s| s.as_str_name().to_string())
+                .unwrap_or_default();
+            println!(
+                "{:<13}  {:<30}  {:<16}  {:<17}  {:<20}  {:<7}  {}",
+                &x.id[..13.min(x.id.len())],
+                x.image.map(|i| i.image).unwrap_or_default(),
+                ago(x.created_at),
+                state,
+                m.name,
+                m.attempt,
+                &x.pod_sandbox_id[..13.min(x.pod_sandbox_id.len())]
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Prints the container's CRI log (the text of each line), following it with `follow`.
+pub async fn logs(
+    c: &mut RuntimeServiceClient<Channel>,
+    id: &str,
+    follow: bool,
+) -> Result<(), String> {
+    let s = c
+        .container_status(cri::ContainerStatusRequest {
+            container_id: id.to_string(),
+            verbose: false,
+        })
+        .await
+        .map_err(|s| grpc_err("ContainerStatus", s))?
+        .into_inner()
+        .status
+        .unwrap_or_default();
+    if s.log_path.is_empty() {
+        return Err(format!("container {id} has no log file (no log_path)"));
+    }
+    let path = PathBuf::from(&s.log_path);
+    let mut offset = 0usize;
+    let mut pending = String::new();
+    loop {
+        let data = std::fs::read(&path).unwrap_or_default();
+        if data.len() < offset {
+            offset = 0; // rotated
+        }
+        let new = String::from_utf8_lossy(&data[offset..]).into_owned();
+        offset = data.len();
+        pending.push_str(&new);
+        while let Some(nl) = pending.find('\n') {
+            let line: String = pending.drain(..=nl).collect();
+            let mut f = line.trim_end_matches('\n').splitn(4, ' ');
+            let (_ts, stream, tag, text) = (f.next(), f.next(), f.next(), f.next().unwrap_or(""));
+            let out = if tag == Some("P") {
+                text.to_string()
+            } else {
+                format!("{text}\n")
+            };
+            if stream == Some("stderr") {
+                eprint!("{out}");
+            } else {
+                print!("{out}");
+            }
+        }
+        if !follow {
+            return Ok(());
+        }
+        let st = c
+            .container_status(cri::ContainerStatusRequest {
+                container_id: id.to_string(),
+                verbose: false,
+            })
+            .await
+            .map_err(|s| grpc_err("ContainerStatus", s))?
+            .into_inner()
+            .status
+            .unwrap_or_default();
+        if st.state != cri::ContainerState::ContainerRunning as i32 {
+            // One last read after the exit, then stop.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let data = std::fs::read(&path).unwrap_or_default();
+            if data.len() == offset {
+                return Ok(());
+            }
+            continue;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A crictl-style container config (snake_case or lowerCamel; enums as numbers or names).
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct CtrJson {
+    metadata: CtrMeta,
+    image: ImageJson,
+    command: Vec<String>,
+    args: Vec<String>,
+    #[serde(alias = "workingDir")]
+    working_dir: String,
+    envs: Vec<KvJson>,
+    mounts: Vec<MountJson>,
+    devices: Vec<DeviceJson>,
+    labels: HashMap<String, String>,
+    annotations: HashMap<String, String>,
+    #[serde(alias = "logPath")]
+    log_path: String,
+    stdin: bool,
+    tty: bool,
+    linux: Option<CtrLinux>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct CtrMeta {
+    name: String,
+    attempt: u32,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ImageJson {
+    image: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct KvJson {
+    key: String,
+    value: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct MountJson {
+    #[serde(alias = "containerPath")]
+    container_path: String,
+    #[serde(alias = "hostPath")]
+    host_path: String,
+    readonly: bool,
+    propagation: EnumJson,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct DeviceJson {
+    #[serde(alias = "containerPath")]
+    container_path: String,
+    #[serde(alias = "hostPath")]
+    host_path: String,
+    permissions: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct CtrLinux {
+    resources: Option<ResJson>,
+    #[serde(alias = "securityContext")]
+    security_context: Option<CtrSec>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ResJson {
+    #[serde(alias = "cpuPeriod")]
+    cpu_period: i64,
+    #[serde(alias = "cpuQuota")]
+    cpu_quota: i64,
+    #[serde(alias = "cpuShares")]
+    cpu_shares: i64,
+    #[serde(alias = "memoryLimitInBytes")]
+    memory_limit_in_bytes: i64,
+    #[serde(alias = "oomScoreAdj")]
+    oom_score_adj: i64,
+    #[serde(alias = "cpusetCpus")]
+    cpuset_cpus: String,
+    #[serde(alias = "cpusetMems")]
+    cpuset_mems: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct CapsJson {
+    #[serde(alias = "addCapabilities")]
+    add_capabilities: Vec<String>,
+    #[serde(alias = "dropCapabilities")]
+    drop_capabilities: Vec<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ValJson {
+    value: i64,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ProfileJson {
+    #[serde(alias = "profileType")]
+    profile_type: EnumJson,
+    #[serde(alias = "localhostRef")]
+    localhost_ref: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct CtrSec {
+    capabilities: Option<CapsJson>,
+    privileged: bool,
+    #[serde(alias = "namespaceOptions")]
+    namespace_options: Option<CtrNs>,
+    #[serde(alias = "runAsUser")]
+    run_as_user: Option<ValJson>,
+    #[serde(alias = "runAsGroup")]
+    run_as_group: Option<ValJson>,
+    #[serde(alias = "runAsUsername")]
+    run_as_username: String,
+    #[serde(alias = "readonlyRootfs")]
+    readonly_rootfs: bool,
+    #[serde(alias = "supplementalGroups")]
+    supplemental_groups: Vec<i64>,
+    #[serde(alias = "noNewPrivs")]
+    no_new_privs: bool,
+    seccomp: Option<ProfileJson>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct CtrNs {
+    pid: EnumJson,
+    #[serde(alias = "targetId")]
+    target_id: String,
+}
+
+pub fn load_container_config(path: &Path) -> Result<cri::ContainerConfig, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let c: CtrJson = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    const MODES: &[&str] = &["POD", "CONTAINER", "NODE", "TARGET"];
+    const PROPAGATION: &[&str] = &[
+        "PROPAGATION_PRIVATE",
+        "PROPAGATION_HOST_TO_CONTAINER",
+        "PROPAGATION_BIDIRECTIONAL",
+    ];
+    const PROFILES: &[&str] = &["RuntimeDefault", "Unconfined", "Localhost"];
+    let mut mounts = Vec::new();
+    for m in &c.mounts {
+        mounts.push(cri::Mount {
+            container_path: m.container_path.clone(),
+            host_path: m.host_path.clone(),
+            readonly: m.readonly,
+            propagation: m.propagation.value(PROPAGATION, "mounts.propagation")?,
+            ..Default::default()
+        });
+    }
+    let linux = match c.linux {
+        None => None,
+        Some(l) => {
+            let security_context = match l.security_context {
+                None => None,
+                Some(s) => Some(cri::LinuxContainerSecurityContext {
+                    capabilities: s.capabilities.map(|c| cri::Capability {
+                        add_capabilities: c.add_capabilities,
+                        drop_capabilities: c.drop_capabilities,
+                        ..Default::default()
+                    }),
+                    privileged: s.privileged,
+                    namespace_options: match s.namespace_options {
+                        None => None,
+                        Some(n) => Some(cri::NamespaceOption {
+                            pid: n.pid.value(MODES, "namespace_options.pid")?,
+                            target_id: n.target_id,
+                            ..Default::default()
+                        }),
+                    },
+                    run_as_user: s.run_as_user.map(|v| cri::Int64Value { value: v.value }),
+                    run_as_group: s.run_as_group.map(|v| cri::Int64Value { value: v.value }),
+                    run_as_username: s.run_as_username,
+                    readonly_rootfs: s.readonly_rootfs,
+                    supplemental_groups: s.supplemental_groups,
+                    no_new_privs: s.no_new_privs,
+                    seccomp: match s.seccomp {
+                        None => None,
+                        Some(p) => Some(cri::SecurityProfile {
+                            profile_type: p.profile_type.value(PROFILES, "seccomp.profile_type")?,
+                            localhost_ref: p.localhost_ref,
+                        }),
+                    },
+                    ..Default::default()
+                }),
+            };
+            Some(cri::LinuxContainerConfig {
+                resources: l.resources.map(|r| cri::LinuxContainerResources {
+                    cpu_period: r.cpu_period,
+                    cpu_quota: r.cpu_quota,
+                    cpu_shares: r.cpu_shares,
+                    memory_limit_in_bytes: r.memory_limit_in_bytes,
+                    oom_score_adj: r.oom_score_adj,
+                    cpuset_cpus: r.cpuset_cpus,
+                    cpuset_mems: r.cpuset_mems,
+                    ..Default::default()
+                }),
+                security_context,
+            })
+        }
+    };
+    Ok(cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: c.metadata.name,
+            attempt: c.metadata.attempt,
+        }),
+        image: Some(cri::ImageSpec {
+            image: c.image.image,
+            ..Default::default()
+        }),
+        command: c.command,
+        args: c.args,
+        working_dir: c.working_dir,
+        envs: c
+            .envs
+            .into_iter()
+            .map(|kv| cri::KeyValue {
+                key: kv.key,
+                value: kv.value,
+            })
+            .collect(),
+        mounts,
+        devices: c
+            .devices
+            .into_iter()
+            .map(|d| cri::Device {
+                container_path: d.container_path,
+                host_path: d.host_path,
+                permissions: d.permissions,
+            })
+            .collect(),
+        labels: c.labels,
+        annotations: c.annotations,
+        log_path: c.log_path,
+        stdin: c.stdin,
+        tty: c.tty,
+        linux,
+        ..Default::default()
+    })
+}

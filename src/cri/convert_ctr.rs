@@ -1,0 +1,326 @@
+//! Translation of container and image messages between CRI v1 and the core types.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_cri::v1 as cri;
+
+use crate::cgroups::Usage;
+use crate::container::{
+    BindMount, ContainerConfig, ContainerFilter, ContainerMetadata, ContainerRecord,
+    ContainerState, Device, Propagation, Resources, Seccomp, SecurityContext,
+};
+use crate::error::Error;
+use crate::image::ImageRecord;
+
+fn sorted(m: &HashMap<String, String>) -> BTreeMap<String, String> {
+    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+fn unsorted(m: &BTreeMap<String, String>) -> HashMap<String, String> {
+    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// `ContainerConfig` → core config.
+pub fn container_config(c: &cri::ContainerConfig) -> Result<ContainerConfig, Error> {
+    let m = c
+        .metadata
+        .as_ref()
+        .ok_or_else(|| Error::InvalidArgument("config.metadata is required".into()))?;
+    let image = c
+        .image
+        .as_ref()
+        .map(|i| i.image.clone())
+        .unwrap_or_default();
+    let mut mounts = Vec::new();
+    for mt in &c.mounts {
+        if mt.image.is_some() {
+            return Err(Error::InvalidArgument(
+                "mounts.image: image volumes are not supported".into(),
+            ));
+        }
+        if !mt.uid_mappings.is_empty() || !mt.gid_mappings.is_empty() {
+            return Err(Error::InvalidArgument(
+                "mounts.uid_mappings/gid_mappings: idmapped mounts are not supported".into(),
+            ));
+        }
+        let propagation = match cri::MountPropagation::try_from(mt.propagation) {
+            Ok(cri::MountPropagation::PropagationPrivate) => Propagation::Private,
+            Ok(cri::MountPropagation::PropagationHostToContainer) => Propagation::HostToContainer,
+            Ok(cri::MountPropagation::PropagationBidirectional) => Propagation::Bidirectional,
+            Err(_) => {
+                return Err(Error::InvalidArgument(format!(
+                    "mounts.propagation: unknown value {}",
+                    mt.propagation
+                )))
+            }
+        };
+        mounts.push(BindMount {
+            container_path: mt.container_path.clone(),
+            host_path: mt.host_path.clone(),
+            readonly: mt.readonly,
+            propagation,
+        });
+    }
+    let linux = c.linux.clone().unwrap_or_default();
+    let r = linux.resources.unwrap_or_default();
+    let s = linux.security_context.unwrap_or_default();
+    let caps = s.capabilities.clone().unwrap_or_default();
+    if !caps.add_ambient_capabilities.is_empty() {
+        return Err(Error::InvalidArgument(
+            "security_context.capabilities.add_ambient_capabilities is not supported".into(),
+        ));
+    }
+    let seccomp = match &s.seccomp {
+        // Absent: unconfined (kubelet always sends the field; the deprecated
+        // seccomp_profile_path it replaced is ignored).
+        None => Seccomp::Unconfined,
+        Some(p) => match cri::security_profile::ProfileType::try_from(p.profile_type) {
+            Ok(cri::security_profile::ProfileType::RuntimeDefault) => Seccomp::RuntimeDefault,
+            Ok(cri::security_profile::ProfileType::Unconfined) => Seccomp::Unconfined,
+            Ok(cri::security_profile::ProfileType::Localhost) => {
+                Seccomp::Localhost(p.localhost_ref.clone())
+            }
+            Err(_) => {
+                return Err(Error::InvalidArgument(format!(
+                    "security_context.seccomp.profile_type: unknown value {}",
+                    p.profile_type
+                )))
+            }
+        },
+    };
+    let ns = s.namespace_options.clone().unwrap_or_default();
+    Ok(ContainerConfig {
+        metadata: ContainerMetadata {
+            name: m.name.clone(),
+            attempt: m.attempt,
+        },
+        image,
+        command: c.command.clone(),
+        args: c.args.clone(),
+        working_dir: c.working_dir.clone(),
+        envs: c
+            .envs
+            .iter()
+            .map(|kv| (kv.key.clone(), kv.value.clone()))
+            .collect(),
+        mounts,
+        devices: c
+            .devices
+            .iter()
+            .map(|d| Device {
+                container_path: d.container_path.clone(),
+                host_path: d.host_path.clone(),
+                permissions: d.permissions.clone(),
+            })
+            .collect(),
+        labels: sorted(&c.labels),
+        annotations: sorted(&c.annotations),
+        log_path: c.log_path.clone(),
+        stdin: c.stdin,
+        tty: c.tty,
+        resources: Resources {
+            cpu_period: r.cpu_period,
+            cpu_quota: r.cpu_quota,
+            cpu_shares: r.cpu_shares,
+            memory_limit_in_bytes: r.memory_limit_in_bytes,
+            oom_score_adj: r.oom_score_adj,
+            cpuset_cpus: r.cpuset_cpus,
+            cpuset_mems: r.cpuset_mems,
+        },
+        security: SecurityContext {
+            privileged: s.privileged,
+            add_capabilities: caps.add_capabilities,
+            drop_capabilities: caps.drop_capabilities,
+            readonly_rootfs: s.readonly_rootfs,
+            run_as_user: s.run_as_user.map(|v| v.value),
+            run_as_group: s.run_as_group.map(|v| v.value),
+            run_as_username: s.run_as_username.clone(),
+            supplemental_groups: s.supplemental_groups.clone(),
+            no_new_privs: s.no_new_privs,
+            pid: super::convert::mode(ns.pid, "security_context.namespace_options.pid")?,
+            target_id: ns.target_id.clone(),
+            masked_paths: (!s.masked_paths.is_empty()).then(|| s.masked_paths.clone()),
+            readonly_paths: (!s.readonly_paths.is_empty()).then(|| s.readonly_paths.clone()),
+            seccomp,
+        },
+    })
+}
+
+pub fn state_to_cri(s: ContainerState) -> i32 {
+    (match s {
+        ContainerState::Created => cri::ContainerState::ContainerCreated,
+        ContainerState::Running => cri::ContainerState::ContainerRunning,
+        ContainerState::Exited => cri::ContainerState::ContainerExited,
+        ContainerState::Creating | ContainerState::Unknown => cri::ContainerState::ContainerUnknown,
+    }) as i32
+}
+
+fn metadata(r: &ContainerRecord) -> cri::ContainerMetadata {
+    cri::ContainerMetadata {
+        name: r.config.metadata.name.clone(),
+        attempt: r.config.metadata.attempt,
+    }
+}
+
+fn image_spec(r: &ContainerRecord) -> cri::ImageSpec {
+    cri::ImageSpec {
+        image: r.config.image.clone(),
+        user_specified_image: r.config.image.clone(),
+        ..Default::default()
+    }
+}
+
+pub fn container_to_cri(r: &ContainerRecord) -> cri::Container {
+    cri::Container {
+        id: r.id.clone(),
+        pod_sandbox_id: r.sandbox_id.clone(),
+        metadata: Some(metadata(r)),
+        image: Some(image_spec(r)),
+        image_ref: r.image_ref.clone(),
+        state: state_to_cri(r.cri_state()),
+        created_at: r.created_at,
+        labels: unsorted(&r.config.labels),
+        annotations: unsorted(&r.config.annotations),
+        image_id: r.image_id.clone(),
+    }
+}
+
+pub fn status_to_cri(r: &ContainerRecord) -> cri::ContainerStatus {
+    let res = &r.config.resources;
+    cri::ContainerStatus {
+        id: r.id.clone(),
+        metadata: Some(metadata(r)),
+        state: state_to_cri(r.cri_state()),
+        created_at: r.created_at,
+        started_at: r.started_at,
+        finished_at: r.finished_at,
+        exit_code: r.exit_code,
+        image: Some(image_spec(r)),
+        image_ref: r.image_ref.clone(),
+        reason: r.reason.clone(),
+        message: r.message.clone(),
+        labels: unsorted(&r.config.labels),
+        annotations: unsorted(&r.config.annotations),
+        mounts: r
+            .config
+            .mounts
+            .iter()
+            .map(|m| cri::Mount {
+                container_path: m.container_path.clone(),
+                host_path: m.host_path.clone(),
+                readonly: m.readonly,
+                propagation: match m.propagation {
+                    Propagation::Private => 0,
+                    Propagation::HostToContainer => 1,
+                    Propagation::Bidirectional => 2,
+                },
+                ..Default::default()
+            })
+            .collect(),
+        log_path: r
+            .log_path
+            .as_ref()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        resources: Some(cri::ContainerResources {
+            linux: Some(cri::LinuxContainerResources {
+                cpu_period: res.cpu_period,
+                cpu_quota: res.cpu_quota,
+                cpu_shares: res.cpu_shares,
+                memory_limit_in_bytes: res.memory_limit_in_bytes,
+                oom_score_adj: res.oom_score_adj,
+                cpuset_cpus: res.cpuset_cpus.clone(),
+                cpuset_mems: res.cpuset_mems.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        image_id: r.image_id.clone(),
+        ..Default::default()
+    }
+}
+
+pub fn container_filter(
+    f: Option<&cri::ContainerFilter>,
+) -> Result<Option<ContainerFilter>, Error> {
+    let Some(f) = f else {
+        return Ok(Some(ContainerFilter::default()));
+    };
+    let prefix = |s: &str| -> Result<Option<Option<String>>, Error> {
+        if s.is_empty() {
+            Ok(Some(None))
+        } else if crate::validate::id_prefix(s).is_ok() {
+            Ok(Some(Some(s.to_ascii_lowercase())))
+        } else {
+            Ok(None) // matches nothing
+        }
+    };
+    let (Some(id_prefix), Some(sandbox_id)) = (prefix(&f.id)?, prefix(&f.pod_sandbox_id)?) else {
+        return Ok(None);
+    };
+    let state = match f
+        .state
+        .as_ref()
+        .map(|s| cri::ContainerState::try_from(s.state))
+    {
+        None => None,
+        Some(Ok(cri::ContainerState::ContainerCreated)) => Some(ContainerState::Created),
+        Some(Ok(cri::ContainerState::ContainerRunning)) => Some(ContainerState::Running),
+        Some(Ok(cri::ContainerState::ContainerExited)) => Some(ContainerState::Exited),
+        Some(Ok(cri::ContainerState::ContainerUnknown)) => Some(ContainerState::Unknown),
+        Some(Err(_)) => return Err(Error::InvalidArgument("filter.state: unknown state".into())),
+    };
+    Ok(Some(ContainerFilter {
+        id_prefix,
+        state,
+        sandbox_id,
+        labels: sorted(&f.label_selector),
+    }))
+}
+
+pub fn stats_to_cri(r: &ContainerRecord, u: &Usage, now: i64) -> cri::ContainerStats {
+    let v = |x: Option<u64>| x.map(|value| cri::UInt64Value { value });
+    cri::ContainerStats {
+        attributes: Some(cri::ContainerAttributes {
+            id: r.id.clone(),
+            metadata: Some(metadata(r)),
+            labels: unsorted(&r.config.labels),
+            annotations: unsorted(&r.config.annotations),
+        }),
+        cpu: Some(cri::CpuUsage {
+            timestamp: now,
+            usage_core_nano_seconds: v(u.cpu_nanos),
+            usage_nano_cores: None,
+        }),
+        memory: Some(cri::MemoryUsage {
+            timestamp: now,
+            working_set_bytes: v(u.working_set_bytes),
+            usage_bytes: v(u.memory_bytes),
+            ..Default::default()
+        }),
+        writable_layer: None,
+        swap: None,
+    }
+}
+
+pub fn image_to_cri(i: &ImageRecord) -> cri::Image {
+    let user = i.config.user.split(':').next().unwrap_or("");
+    let (uid, username) = match user.parse::<i64>() {
+        Ok(n) => (Some(cri::Int64Value { value: n }), String::new()),
+        Err(_) if user.is_empty() => (Some(cri::Int64Value { value: 0 }), String::new()),
+        Err(_) => (None, user.to_string()),
+    };
+    cri::Image {
+        id: i.id.clone(),
+        repo_tags: i.repo_tags.clone(),
+        repo_digests: i.repo_digests.clone(),
+        size: i.size,
+        uid,
+        username,
+        spec: Some(cri::ImageSpec {
+            image: i.id.clone(),
+            ..Default::default()
+        }),
+        pinned: false,
+    }
+}
