@@ -293,6 +293,21 @@ impl Runtime {
         container::lifecycle::reopen_log(self, id)
     }
 
+    /// UpdateContainerResources: new CPU and memory limits for a created or running container.
+    pub fn update_container_resources(
+        &self,
+        id: &str,
+        resources: &container::Resources,
+    ) -> Result<()> {
+        container::lifecycle::update_resources(self, id, resources)
+    }
+
+    /// CPU and memory use of a whole pod (its cgroup, which holds every container's).
+    pub fn pod_usage(&self, id: &str) -> Result<cgroups::Usage> {
+        let r = self.sandbox_record(id)?;
+        Ok(cgroups::usage(&r.pod_cgroup(&self.cfg)))
+    }
+
     /// CPU and memory use of a container, from its cgroup.
     pub fn container_usage(&self, id: &str) -> Result<cgroups::Usage> {
         Ok(cgroups::usage(&self.container_record(id)?.cgroup))

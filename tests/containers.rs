@@ -435,3 +435,69 @@ fn restart_keeps_containers_running_and_records_exits() {
     assert!(runc_state(&env, &ticker).1.contains("does not exist"));
     env.assert_no_leaks();
 }
+
+/// The limit a cgroup file shows, in whichever hierarchy holds the controller.
+fn cgroup_value(cgroup: &str, controller: &str, v1: &str, v2: &str) -> String {
+    let dir = sandboxd::cgroups::controller_dir(controller, cgroup).unwrap();
+    std::fs::read_to_string(dir.join(v1))
+        .or_else(|_| std::fs::read_to_string(dir.join(v2)))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn resources_update_and_stats() {
+    let env = Env::new("ctr-res");
+    let rt = setup(&env);
+    let sb = rt.run_pod_sandbox(&pod(&env, "res", false)).unwrap();
+    let mut c = ctr("limited", "exec sleep 1000");
+    c.resources.memory_limit_in_bytes = 64 << 20;
+    c.resources.cpu_period = 100_000;
+    c.resources.cpu_quota = 80_000;
+    let id = run(&rt, &sb, &c);
+    let cg = rt.container_record(&id).unwrap().cgroup;
+    let mem = || cgroup_value(&cg, "memory", "memory.limit_in_bytes", "memory.max");
+    let quota = || cgroup_value(&cg, "cpu", "cpu.cfs_quota_us", "cpu.max");
+    assert_eq!(mem(), (64u64 << 20).to_string());
+    assert!(quota().starts_with("80000"), "{}", quota());
+
+    let mut r = c.resources.clone();
+    r.memory_limit_in_bytes = 32 << 20;
+    r.cpu_quota = 50_000;
+    rt.update_container_resources(&id, &r).unwrap();
+    assert_eq!(mem(), (32u64 << 20).to_string());
+    assert!(quota().starts_with("50000"), "{}", quota());
+    assert_eq!(
+        rt.container_status(&id)
+            .unwrap()
+            .config
+            .resources
+            .memory_limit_in_bytes,
+        32 << 20
+    );
+    r.cpu_quota = 10; // below the kernel's minimum: refused before the runtime is asked
+    assert!(matches!(
+        rt.update_container_resources(&id, &r),
+        Err(Error::InvalidArgument(_))
+    ));
+
+    // Stats come from the cgroups: the container's, and the pod's holding it.
+    exec(&rt, &id, "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done");
+    let u = rt.container_usage(&id).unwrap();
+    assert!(u.cpu_nanos.unwrap() > 1_000_000, "{u:?}");
+    assert!(u.memory_bytes.unwrap() > 0, "{u:?}");
+    let p = rt.pod_usage(&sb).unwrap();
+    assert!(
+        p.cpu_nanos.unwrap() >= u.cpu_nanos.unwrap(),
+        "{p:?} vs {u:?}"
+    );
+
+    rt.stop_container(&id, Duration::ZERO).unwrap();
+    assert!(matches!(
+        rt.update_container_resources(&id, &c.resources),
+        Err(Error::FailedPrecondition(_))
+    ));
+    rt.remove_pod_sandbox(&sb).unwrap();
+    env.assert_no_leaks();
+}

@@ -846,6 +846,15 @@ fn sandboxctl_containers_and_images() {
         inspect["info"]["info"]["sandbox_id"],
         serde_json::json!(pod_id)
     );
+    let stats: serde_json::Value = serde_json::from_str(&ctl(&["-o", "json", "stats"])).unwrap();
+    assert_eq!(stats["stats"][0]["attributes"]["id"], serde_json::json!(id));
+    assert!(
+        stats["stats"][0]["memory"]["usage_bytes"]["value"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{stats}"
+    );
     // The image is in use: refused, with the reason.
     let out = ctl_out(&["images", "rm", "sandboxd.test/busybox:e2e"]);
     assert!(!out.status.success());

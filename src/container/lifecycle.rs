@@ -324,6 +324,30 @@ pub(crate) fn exec_sync(
     })
 }
 
+/// UpdateContainerResources: the runtime's `update` applies the new limits to the cgroup;
+/// the record keeps them for status.
+pub(crate) fn update_resources(rt: &Runtime, id: &str, res: &Resources) -> Result<()> {
+    super::spec::validate_resources(res)?;
+    let entry = rt.container_entry(id)?;
+    let _op = lock(&entry.op);
+    refresh(&entry);
+    let rec = lock(&entry.record).clone();
+    if !matches!(rec.state, ContainerState::Created | ContainerState::Running) {
+        return Err(Error::FailedPrecondition(format!(
+            "container {} is {:?}; only a created or running container can be updated",
+            rec.id, rec.state
+        )));
+    }
+    let file = rec.dir.join("resources.json");
+    crate::state::write_json_atomic(&file, &super::spec::resources_json(res))
+        .map_err(|e| Error::step("write resources", &rec.id, e))?;
+    let runtime = rt.handler(&rec.runtime_handler)?;
+    runtime
+        .update(&rec.id, &file, &rec.files().runtime_log)
+        .map_err(|e| Error::step("update container resources", &rec.id, e))?;
+    update(&entry, |r| r.config.resources = res.clone())
+}
+
 /// ReopenContainerLog: the monitor reopens the log file (after kubelet rotated it).
 pub(crate) fn reopen_log(rt: &Runtime, id: &str) -> Result<()> {
     let entry = rt.container_entry(id)?;

@@ -211,7 +211,11 @@ pub fn validate(c: &ContainerConfig) -> Result<()> {
     if let Seccomp::Localhost(p) = &s.seccomp {
         clean_abs("security_context.seccomp.localhost_ref", p)?;
     }
-    let r = &c.resources;
+    validate_resources(&c.resources)
+}
+
+/// Checks resource limits (CreateContainer and UpdateContainerResources).
+pub fn validate_resources(r: &super::Resources) -> Result<()> {
     if r.cpu_period < 0 || r.cpu_shares < 0 || r.memory_limit_in_bytes < 0 {
         return Err(invalid(
             "resources: cpu_period, cpu_shares and memory_limit_in_bytes must not be negative"
@@ -495,6 +499,31 @@ pub fn localhost_seccomp(path: &str) -> Result<Value> {
     Ok(v)
 }
 
+/// The OCI `LinuxResources` (cpu and memory) of a CRI resources message.
+pub fn resources_json(r: &super::Resources) -> Value {
+    let mut cpu = serde_json::Map::new();
+    if r.cpu_shares > 0 {
+        cpu.insert("shares".into(), json!(r.cpu_shares));
+    }
+    if r.cpu_quota > 0 {
+        cpu.insert("quota".into(), json!(r.cpu_quota));
+    }
+    if r.cpu_period > 0 {
+        cpu.insert("period".into(), json!(r.cpu_period));
+    }
+    if !r.cpuset_cpus.is_empty() {
+        cpu.insert("cpus".into(), json!(r.cpuset_cpus));
+    }
+    if !r.cpuset_mems.is_empty() {
+        cpu.insert("mems".into(), json!(r.cpuset_mems));
+    }
+    let mut out = json!({ "cpu": cpu });
+    if r.memory_limit_in_bytes > 0 {
+        out["memory"] = json!({"limit": r.memory_limit_in_bytes});
+    }
+    out
+}
+
 /// Everything [`build`] needs besides the config.
 pub struct Inputs<'a> {
     pub id: &'a str,
@@ -656,27 +685,8 @@ pub fn build(i: &Inputs) -> Result<oci_spec::runtime::Spec> {
         dev_rules.push(json!({"allow": true, "type": d.typ, "major": d.major,
             "minor": d.minor, "access": d.permissions}));
     }
-    let r = &c.resources;
-    let mut cpu = serde_json::Map::new();
-    if r.cpu_shares > 0 {
-        cpu.insert("shares".into(), json!(r.cpu_shares));
-    }
-    if r.cpu_quota > 0 {
-        cpu.insert("quota".into(), json!(r.cpu_quota));
-    }
-    if r.cpu_period > 0 {
-        cpu.insert("period".into(), json!(r.cpu_period));
-    }
-    if !r.cpuset_cpus.is_empty() {
-        cpu.insert("cpus".into(), json!(r.cpuset_cpus));
-    }
-    if !r.cpuset_mems.is_empty() {
-        cpu.insert("mems".into(), json!(r.cpuset_mems));
-    }
-    let mut resources = json!({"devices": dev_rules, "cpu": cpu});
-    if r.memory_limit_in_bytes > 0 {
-        resources["memory"] = json!({"limit": r.memory_limit_in_bytes});
-    }
+    let mut resources = resources_json(&c.resources);
+    resources["devices"] = json!(dev_rules);
     let (masked, readonly): (Vec<String>, Vec<String>) = if s.privileged {
         (Vec::new(), Vec::new())
     } else {

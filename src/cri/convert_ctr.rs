@@ -118,15 +118,7 @@ pub fn container_config(c: &cri::ContainerConfig) -> Result<ContainerConfig, Err
         log_path: c.log_path.clone(),
         stdin: c.stdin,
         tty: c.tty,
-        resources: Resources {
-            cpu_period: r.cpu_period,
-            cpu_quota: r.cpu_quota,
-            cpu_shares: r.cpu_shares,
-            memory_limit_in_bytes: r.memory_limit_in_bytes,
-            oom_score_adj: r.oom_score_adj,
-            cpuset_cpus: r.cpuset_cpus,
-            cpuset_mems: r.cpuset_mems,
-        },
+        resources: resources(&r),
         security: SecurityContext {
             privileged: s.privileged,
             add_capabilities: caps.add_capabilities,
@@ -278,8 +270,26 @@ pub fn container_filter(
     }))
 }
 
-pub fn stats_to_cri(r: &ContainerRecord, u: &Usage, now: i64) -> cri::ContainerStats {
+/// CPU and memory usage messages of a cgroup's usage.
+pub fn usage_to_cri(u: &Usage, now: i64) -> (cri::CpuUsage, cri::MemoryUsage) {
     let v = |x: Option<u64>| x.map(|value| cri::UInt64Value { value });
+    (
+        cri::CpuUsage {
+            timestamp: now,
+            usage_core_nano_seconds: v(u.cpu_nanos),
+            usage_nano_cores: None,
+        },
+        cri::MemoryUsage {
+            timestamp: now,
+            working_set_bytes: v(u.working_set_bytes),
+            usage_bytes: v(u.memory_bytes),
+            ..Default::default()
+        },
+    )
+}
+
+pub fn stats_to_cri(r: &ContainerRecord, u: &Usage, now: i64) -> cri::ContainerStats {
+    let (cpu, memory) = usage_to_cri(u, now);
     cri::ContainerStats {
         attributes: Some(cri::ContainerAttributes {
             id: r.id.clone(),
@@ -287,19 +297,23 @@ pub fn stats_to_cri(r: &ContainerRecord, u: &Usage, now: i64) -> cri::ContainerS
             labels: unsorted(&r.config.labels),
             annotations: unsorted(&r.config.annotations),
         }),
-        cpu: Some(cri::CpuUsage {
-            timestamp: now,
-            usage_core_nano_seconds: v(u.cpu_nanos),
-            usage_nano_cores: None,
-        }),
-        memory: Some(cri::MemoryUsage {
-            timestamp: now,
-            working_set_bytes: v(u.working_set_bytes),
-            usage_bytes: v(u.memory_bytes),
-            ..Default::default()
-        }),
+        cpu: Some(cpu),
+        memory: Some(memory),
         writable_layer: None,
         swap: None,
+    }
+}
+
+/// `LinuxContainerResources` → core resources.
+pub fn resources(r: &cri::LinuxContainerResources) -> Resources {
+    Resources {
+        cpu_period: r.cpu_period,
+        cpu_quota: r.cpu_quota,
+        cpu_shares: r.cpu_shares,
+        memory_limit_in_bytes: r.memory_limit_in_bytes,
+        oom_score_adj: r.oom_score_adj,
+        cpuset_cpus: r.cpuset_cpus.clone(),
+        cpuset_mems: r.cpuset_mems.clone(),
     }
 }
 

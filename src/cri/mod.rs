@@ -26,6 +26,44 @@ fn not_yet(rpc: &str, why: &str) -> Status {
     Status::unimplemented(format!("{rpc}: {why}"))
 }
 
+/// One pod's stats: its cgroup (which holds every container's) and each running container.
+fn pod_stats(rt: &Runtime, id: &str) -> crate::Result<cri::PodSandboxStats> {
+    let s = rt.pod_sandbox_status(id)?;
+    let now = crate::sandbox::now_nanos();
+    let u = rt.pod_usage(&s.id)?;
+    let containers = rt
+        .list_containers(&crate::ContainerFilter {
+            sandbox_id: Some(s.id.clone()),
+            state: Some(crate::ContainerState::Running),
+            ..Default::default()
+        })
+        .iter()
+        .map(|r| convert_ctr::stats_to_cri(r, &crate::cgroups::usage(&r.cgroup), now))
+        .collect();
+    let c = convert_ctr::usage_to_cri(&u, now);
+    Ok(cri::PodSandboxStats {
+        attributes: Some(cri::PodSandboxAttributes {
+            id: s.id.clone(),
+            metadata: Some(cri::PodSandboxMetadata {
+                name: s.metadata.name.clone(),
+                namespace: s.metadata.namespace.clone(),
+                uid: s.metadata.uid.clone(),
+                attempt: s.metadata.attempt,
+            }),
+            labels: s.labels.clone().into_iter().collect(),
+            annotations: s.annotations.clone().into_iter().collect(),
+        }),
+        linux: Some(cri::LinuxPodSandboxStats {
+            cpu: Some(c.0),
+            memory: Some(c.1),
+            network: None,
+            process: None,
+            containers,
+        }),
+        windows: None,
+    })
+}
+
 /// Both CRI services over one core runtime.
 #[derive(Clone)]
 pub struct CriService {
@@ -224,12 +262,24 @@ impl RuntimeService for CriService {
 
     async fn list_pod_sandbox_stats(
         &self,
-        _: Request<cri::ListPodSandboxStatsRequest>,
+        req: Request<cri::ListPodSandboxStatsRequest>,
     ) -> Result<Response<cri::ListPodSandboxStatsResponse>, Status> {
-        Err(not_yet(
-            "list_pod_sandbox_stats",
-            "pod-level stats are not implemented yet (ListContainerStats is)",
-        ))
+        let f = req.into_inner().filter.unwrap_or_default();
+        let filter = crate::SandboxFilter {
+            id_prefix: (!f.id.is_empty()).then(|| f.id.to_ascii_lowercase()),
+            state: Some(crate::SandboxState::Ready),
+            labels: f.label_selector.into_iter().collect(),
+        };
+        let stats = self
+            .blocking("ListPodSandboxStats", "", move |rt| {
+                Ok(rt
+                    .list_pod_sandboxes(&filter)
+                    .iter()
+                    .filter_map(|s| pod_stats(rt, &s.id).ok())
+                    .collect())
+            })
+            .await?;
+        Ok(Response::new(cri::ListPodSandboxStatsResponse { stats }))
     }
 
     async fn update_runtime_config(
@@ -412,12 +462,16 @@ impl RuntimeService for CriService {
 
     async fn update_container_resources(
         &self,
-        _: Request<cri::UpdateContainerResourcesRequest>,
+        req: Request<cri::UpdateContainerResourcesRequest>,
     ) -> Result<Response<cri::UpdateContainerResourcesResponse>, Status> {
-        Err(not_yet(
-            "update_container_resources",
-            "changing the resources of a running container is not implemented yet",
-        ))
+        let req = req.into_inner();
+        let res = convert_ctr::resources(&req.linux.unwrap_or_default());
+        let i = req.container_id.clone();
+        self.blocking("UpdateContainerResources", &req.container_id, move |rt| {
+            rt.update_container_resources(&i, &res)
+        })
+        .await?;
+        Ok(Response::new(cri::UpdateContainerResourcesResponse {}))
     }
 
     async fn reopen_container_log(
@@ -500,12 +554,16 @@ impl RuntimeService for CriService {
 
     async fn pod_sandbox_stats(
         &self,
-        _: Request<cri::PodSandboxStatsRequest>,
+        req: Request<cri::PodSandboxStatsRequest>,
     ) -> Result<Response<cri::PodSandboxStatsResponse>, Status> {
-        Err(not_yet(
-            "pod_sandbox_stats",
-            "pod-level stats are not implemented yet (ContainerStats is)",
-        ))
+        let id = req.into_inner().pod_sandbox_id;
+        let i = id.clone();
+        let stats = self
+            .call("PodSandboxStats", &id, move |rt| pod_stats(rt, &i))
+            .await?;
+        Ok(Response::new(cri::PodSandboxStatsResponse {
+            stats: Some(stats),
+        }))
     }
 
     async fn checkpoint_container(

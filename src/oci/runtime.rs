@@ -223,6 +223,13 @@ impl OciRuntime {
         }
     }
 
+    /// `update --resources FILE`: applies new cgroup limits (an OCI `LinuxResources` JSON).
+    pub fn update(&self, id: &str, resources: &Path, log: &Path) -> Result<(), RuntimeError> {
+        let mut c = self.base(Some(log));
+        c.arg("update").arg("--resources").arg(resources).arg(id);
+        self.call("update", id, c, Some(log)).map(drop)
+    }
+
     /// `delete --force`; a container the runtime does not know is success.
     pub fn delete(&self, id: &str, log: &Path) -> Result<(), RuntimeError> {
         let mut c = self.base(Some(log));

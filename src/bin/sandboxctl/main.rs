@@ -124,6 +124,12 @@ enum Cmd {
         #[arg(trailing_var_arg = true, required = true)]
         cmd: Vec<String>,
     },
+    /// CPU and memory of running containers (ListContainerStats).
+    Stats {
+        /// Only this pod's (full id).
+        #[arg(long, short)]
+        pod: Option<String>,
+    },
     /// Images: list (default), import FILE, inspect, rm.
     Images {
         #[command(subcommand)]
@@ -421,6 +427,52 @@ async fn run(cli: Cli) -> Result<(), String> {
             let _ = std::io::stdout().flush();
             if r.exit_code != 0 {
                 std::process::exit(r.exit_code);
+            }
+        }
+        Cmd::Stats { pod } => {
+            let pod = match pod {
+                Some(p) => resolve(&mut c, &p).await?,
+                None => String::new(),
+            };
+            let stats = c
+                .list_container_stats(cri::ListContainerStatsRequest {
+                    filter: Some(cri::ContainerStatsFilter {
+                        pod_sandbox_id: pod,
+                        ..Default::default()
+                    }),
+                })
+                .await
+                .map_err(|s| grpc_err("ListContainerStats", s))?
+                .into_inner()
+                .stats;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({ "stats": stats })).unwrap()
+                );
+            } else {
+                println!(
+                    "{:<13}  {:<20}  {:>14}  {:>12}",
+                    "CONTAINER", "NAME", "CPU (s)", "MEM (MiB)"
+                );
+                for s in stats {
+                    let a = s.attributes.unwrap_or_default();
+                    let cpu = s
+                        .cpu
+                        .and_then(|c| c.usage_core_nano_seconds)
+                        .map_or(0.0, |v| v.value as f64 / 1e9);
+                    let mem = s
+                        .memory
+                        .and_then(|m| m.working_set_bytes)
+                        .map_or(0.0, |v| v.value as f64 / 1048576.0);
+                    println!(
+                        "{:<13}  {:<20}  {:>14.3}  {:>12.1}",
+                        &a.id[..13.min(a.id.len())],
+                        a.metadata.unwrap_or_default().name,
+                        cpu,
+                        mem
+                    );
+                }
             }
         }
         Cmd::Images { cmd } => {
