@@ -87,9 +87,11 @@ pub struct Config {
     pub shm_size: u64,
     /// cgroup parent for infra containers when the pod config names none.
     pub cgroup_parent: String,
-    /// Grace period for SIGTERM before SIGKILL when stopping containers.
+    /// Grace period for SIGTERM before SIGKILL when StopPodSandbox stops containers.
     #[serde(with = "secs")]
     pub stop_grace: Duration,
+    /// Per-registry pull settings (mirrors, plain HTTP), keyed by registry host[:port].
+    pub registries: BTreeMap<String, crate::image::RegistryConfig>,
 }
 
 mod secs {
@@ -145,6 +147,7 @@ impl Default for Config {
             shm_size: 64 * 1024 * 1024,
             cgroup_parent: "/sandboxd".into(),
             stop_grace: Duration::from_secs(10),
+            registries: BTreeMap::new(),
         }
     }
 }

@@ -73,12 +73,17 @@ pub struct Runtime {
     pub(crate) runtimes: HashMap<String, OciRuntime>,
     /// Images for application containers (`<root>/images`).
     pub(crate) images: image::ImageStore,
+    /// Pulls in flight, by reference: concurrent pulls of one image share one download.
+    pub(crate) pulls: Mutex<HashMap<String, Arc<PullCell>>>,
     /// The shared read-only infra rootfs (present when a pause binary was found).
     pub(crate) infra_rootfs: Option<PathBuf>,
     /// Short tag of the state root, part of every namespace file name, so several daemons
     /// sharing a netns dir never collect each other's files.
     pub(crate) root_tag: String,
 }
+
+/// The outcome of one pull, shared by everyone who asked for it while it ran.
+pub(crate) type PullCell = std::sync::OnceLock<std::result::Result<image::ImageRecord, String>>;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -174,6 +179,7 @@ impl Runtime {
             cni,
             runtimes,
             images,
+            pulls: Mutex::new(HashMap::new()),
             infra_rootfs,
             root_tag,
         })
@@ -316,6 +322,33 @@ impl Runtime {
     /// The image store.
     pub fn images(&self) -> &image::ImageStore {
         &self.images
+    }
+
+    /// PullImage: fetches `image` from its registry (mirrors first) into the store. Callers
+    /// pulling the same reference at the same time share one download.
+    pub fn pull_image(&self, image: &str, auth: &image::Auth) -> Result<image::ImageRecord> {
+        let key = image::reference::Reference::parse(image)?.full();
+        let cell = lock(&self.pulls).entry(key.clone()).or_default().clone();
+        let out = cell.get_or_init(|| {
+            let fut = image::pull::pull(&self.images, image, auth, &self.cfg.registries);
+            let r = match tokio::runtime::Handle::try_current() {
+                Ok(h) => h.block_on(fut),
+                Err(_) => tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| Error::Host(error::HostError::Other(e.to_string())))
+                    .and_then(|rt| rt.block_on(fut)),
+            };
+            r.map_err(|e| e.to_string())
+        });
+        {
+            let mut pulls = lock(&self.pulls);
+            if pulls.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                pulls.remove(&key);
+            }
+        }
+        out.clone()
+            .map_err(|msg| Error::step("pull image", image, error::HostError::Other(msg)))
     }
 
     /// RemoveImage: refused while a container uses the image; an unknown image is success.

@@ -314,8 +314,8 @@ fn lifecycle_and_status_codes() {
             .pull_image(cri::PullImageRequest::default())
             .await
             .unwrap_err();
-        assert_eq!(e.code(), Code::Unimplemented);
-        assert!(e.message().contains("images import"), "{}", e.message());
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().contains("image reference"), "{}", e.message());
 
         // Filters.
         let ready = c
@@ -867,6 +867,46 @@ fn sandboxctl_containers_and_images() {
     ctl(&["images", "rm", "sandboxd.test/busybox:e2e"]);
     assert!(!ctl(&["images"]).contains("busybox"));
     ctl(&["rmp", &pod_id[..8]]);
+    env.assert_no_leaks();
+}
+
+/// PullImage through the daemon with credentials, from an htpasswd-protected registry.
+#[test]
+fn sandboxctl_pulls_with_credentials() {
+    let env = Env::new("e2epull");
+    let user = ("kube", "pa55");
+    let reg = common::registry::Registry::start(&env.base.join("registry"), Some(user));
+    reg.push_busybox("app/busybox", "v1", Some(user));
+    let d = Daemon::start(&env);
+    let ep = format!("unix://{}", d.socket.display());
+    let ctl = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_sandboxctl"))
+            .arg("-r")
+            .arg(&ep)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let name = format!("{}/app/busybox:v1", reg.addr);
+    let out = ctl(&["pull", &name]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("authorized"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = ctl(&["pull", "--creds", "kube:pa55", &name]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("sha256:"));
+    let list = String::from_utf8(ctl(&["images"]).stdout).unwrap();
+    assert!(
+        list.contains(&format!("{}/app/busybox", reg.addr)),
+        "{list}"
+    );
     env.assert_no_leaks();
 }
 

@@ -652,14 +652,15 @@ impl ImageService for CriService {
         &self,
         req: Request<cri::PullImageRequest>,
     ) -> Result<Response<cri::PullImageResponse>, Status> {
-        let name = req.into_inner().image.map(|i| i.image).unwrap_or_default();
-        Err(not_yet(
-            "pull_image",
-            &format!(
-                "registry pulls are not implemented yet; import {name:?} with \
-                 `sandboxctl images import FILE` (OCI layout, oci-archive or docker-archive)"
-            ),
-        ))
+        let req = req.into_inner();
+        let name = req.image.map(|i| i.image).unwrap_or_default();
+        let auth = convert_ctr::auth(req.auth.as_ref()).map_err(|e| convert::status_of(&e))?;
+        let n = name.clone();
+        let img = self
+            .blocking("PullImage", &name, move |rt| rt.pull_image(&n, &auth))
+            .await?;
+        tracing::info!(image = %name, image_id = %img.id, "PullImage done");
+        Ok(Response::new(cri::PullImageResponse { image_ref: img.id }))
     }
 
     async fn remove_image(

@@ -93,6 +93,11 @@ impl ImageStore {
         Ok(self.dir.join("blobs/sha256").join(digest_hex(digest)?))
     }
 
+    /// Where a blob is (or would be) stored.
+    pub fn blob_file(&self, digest: &str) -> Result<PathBuf> {
+        self.blob_path(digest)
+    }
+
     /// The unpacked dir of a layer (an overlay lowerdir).
     pub fn layer_dir(&self, diff_id: &str) -> Result<PathBuf> {
         Ok(self.dir.join("layers").join(digest_hex(diff_id)?))
@@ -390,7 +395,7 @@ impl ImageStore {
     }
 
     /// Unpacks the layers (checking each against the config's diff ids) and records the image.
-    fn register(
+    pub(crate) fn register(
         &self,
         config_bytes: &[u8],
         config_digest: &str,

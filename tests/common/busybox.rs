@@ -9,7 +9,7 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn sha(b: &[u8]) -> String {
+pub fn sha(b: &[u8]) -> String {
     format!("sha256:{}", hex(&sha2::Sha256::digest(b)))
 }
 
@@ -136,4 +136,12 @@ pub fn docker_archive(dir: &Path, tag: &str) -> PathBuf {
     let path = dir.join("busybox-docker.tar");
     std::fs::write(&path, b.into_inner().unwrap()).unwrap();
     path
+}
+
+/// The gzip-compressed layer and the image config (for pushing to a registry).
+pub fn gzip_layer_and_config() -> (Vec<u8>, Vec<u8>) {
+    let layer = layer_tar();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, &layer).unwrap();
+    (gz.finish().unwrap(), config(&layer, &["sh"]))
 }

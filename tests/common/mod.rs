@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod busybox;
+pub mod registry;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -130,6 +130,16 @@ enum Cmd {
         #[arg(long, short)]
         pod: Option<String>,
     },
+    /// Pull an image from its registry (PullImage).
+    Pull {
+        image: String,
+        /// Registry credentials `user[:password]`.
+        #[arg(long)]
+        creds: Option<String>,
+        /// A registry (bearer) token.
+        #[arg(long)]
+        registry_token: Option<String>,
+    },
     /// Images: list (default), import FILE, inspect, rm.
     Images {
         #[command(subcommand)]
@@ -474,6 +484,37 @@ async fn run(cli: Cli) -> Result<(), String> {
                     );
                 }
             }
+        }
+        Cmd::Pull {
+            image,
+            creds,
+            registry_token,
+        } => {
+            let (username, password) = match creds.as_deref().map(|c| c.split_once(':')) {
+                None => (String::new(), String::new()),
+                Some(Some((u, p))) => (u.to_string(), p.to_string()),
+                Some(None) => (creds.clone().unwrap_or_default(), String::new()),
+            };
+            let auth =
+                (!username.is_empty() || registry_token.is_some()).then(|| cri::AuthConfig {
+                    username,
+                    password,
+                    registry_token: registry_token.unwrap_or_default(),
+                    ..Default::default()
+                });
+            let r = containers::images_client(&ch)
+                .pull_image(cri::PullImageRequest {
+                    image: Some(cri::ImageSpec {
+                        image: image.clone(),
+                        ..Default::default()
+                    }),
+                    auth,
+                    sandbox_config: None,
+                })
+                .await
+                .map_err(|s| grpc_err("PullImage", s))?
+                .into_inner();
+            println!("Image is up to date for {}", r.image_ref);
         }
         Cmd::Images { cmd } => {
             containers::images(

@@ -1,0 +1,136 @@
+//! PullImage from a real registry (Debian's docker-registry on 127.0.0.1): plain, behind
+//! htpasswd basic auth, through a configured mirror; concurrent pulls share one download; the
+//! pulled image runs.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::registry::Registry;
+use common::*;
+use sandboxd::image::{Auth, RegistryConfig};
+use sandboxd::{ContainerConfig, ContainerState};
+
+#[test]
+fn pull_share_download_and_run() {
+    let env = Env::new("reg-pull");
+    let reg = Registry::start(&env.base.join("registry"), None);
+    let layer = reg.push_busybox("test/busybox", "1", None);
+    let rt = env.runtime();
+    let name = format!("{}/test/busybox:1", reg.addr);
+
+    // Four pulls at once: one download of the layer, one image.
+    let ids: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| rt.pull_image(&name, &Auth::default()).unwrap().id))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(ids.iter().all(|i| *i == ids[0]), "{ids:?}");
+    assert_eq!(
+        reg.blob_gets(&layer),
+        1,
+        "the layer was downloaded more than once"
+    );
+    let img = rt.images().get(&name).unwrap();
+    assert_eq!(img.repo_tags, vec![name.clone()]);
+    assert!(img.repo_digests[0].starts_with(&format!("{}/test/busybox@sha256:", reg.addr)));
+    // Pulling by digest finds the same image.
+    let by_digest = rt
+        .pull_image(&img.repo_digests[0], &Auth::default())
+        .unwrap();
+    assert_eq!(by_digest.id, img.id);
+
+    // The pulled image runs.
+    let mut pod = env.pod("pulled", false);
+    pod.log_directory = env.base.join("logs").to_string_lossy().into();
+    let sb = rt.run_pod_sandbox(&pod).unwrap();
+    let c = ContainerConfig {
+        metadata: sandboxd::ContainerMetadata {
+            name: "pulled".into(),
+            attempt: 0,
+        },
+        image: name.clone(),
+        command: vec!["sh".into(), "-c".into(), "echo pulled-and-running".into()],
+        log_path: "pulled.log".into(),
+        ..Default::default()
+    };
+    let id = rt.create_container(&sb, &c).unwrap();
+    rt.start_container(&id).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rt.container_status(&id).unwrap().state != ContainerState::Exited {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = std::fs::read_to_string(env.base.join("logs/pulled.log")).unwrap();
+    assert!(log.contains("stdout F pulled-and-running"), "{log}");
+
+    // An unknown tag fails with the registry's answer, and stores nothing new.
+    let e = rt
+        .pull_image(&format!("{}/test/busybox:nope", reg.addr), &Auth::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("pull image") && e.to_lowercase().contains("unknown"),
+        "{e}"
+    );
+    assert_eq!(rt.images().list().len(), 1);
+    rt.remove_pod_sandbox(&sb).unwrap();
+    env.assert_no_leaks();
+}
+
+#[test]
+fn pull_with_basic_auth_and_through_a_mirror() {
+    let env = Env::new("reg-auth");
+    let user = ("sandbox", "s3cret");
+    let reg = Registry::start(&env.base.join("registry"), Some(user));
+    reg.push_busybox("private/busybox", "2", Some(user));
+    let rt = env.runtime();
+    let name = format!("{}/private/busybox:2", reg.addr);
+
+    let e = rt
+        .pull_image(&name, &Auth::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.to_lowercase().contains("authorized") || e.contains("401"),
+        "{e}"
+    );
+    let wrong = Auth {
+        username: user.0.into(),
+        password: "nope".into(),
+        ..Default::default()
+    };
+    assert!(rt.pull_image(&name, &wrong).is_err());
+    assert!(rt.images().list().is_empty());
+    let right = Auth {
+        username: user.0.into(),
+        password: user.1.into(),
+        ..Default::default()
+    };
+    let img = rt.pull_image(&name, &right).unwrap();
+    assert_eq!(img.repo_tags, vec![name]);
+    drop(rt);
+
+    // A registry name that resolves nowhere, served by a configured mirror.
+    let mut cfg = env.cfg.clone();
+    let mut regs = BTreeMap::new();
+    regs.insert(
+        "registry.sandboxd.invalid".to_string(),
+        RegistryConfig {
+            mirrors: vec![format!("http://{}", reg.addr)],
+            insecure: false,
+        },
+    );
+    cfg.registries = regs;
+    let rt = sandboxd::Runtime::new(cfg).unwrap();
+    let via = rt
+        .pull_image("registry.sandboxd.invalid/private/busybox:2", &right)
+        .unwrap();
+    assert_eq!(via.id, img.id);
+    assert!(via
+        .repo_tags
+        .contains(&"registry.sandboxd.invalid/private/busybox:2".to_string()));
+    env.assert_no_leaks();
+}
