@@ -501,3 +501,86 @@ fn resources_update_and_stats() {
     rt.remove_pod_sandbox(&sb).unwrap();
     env.assert_no_leaks();
 }
+
+#[test]
+fn seccomp_privileged_and_bind_mounts() {
+    let env = Env::new("ctr-seccomp");
+    let rt = setup(&env);
+    let sb = rt.run_pod_sandbox(&pod(&env, "sc", false)).unwrap();
+    let idle = "exec sleep 1000";
+
+    // A user namespace needs no capability, only the syscall: RuntimeDefault refuses it.
+    let plain = run(&rt, &sb, &ctr("plain", idle));
+    assert_eq!(
+        exec(&rt, &plain, "unshare -U true && echo ok").stdout,
+        b"ok\n"
+    );
+    let mut c = ctr("default", idle);
+    c.security.seccomp = sandboxd::container::Seccomp::RuntimeDefault;
+    let confined = run(&rt, &sb, &c);
+    let r = exec(&rt, &confined, "unshare -U true");
+    assert_ne!(r.exit_code, 0);
+    assert!(
+        String::from_utf8_lossy(&r.stderr).contains("not permitted"),
+        "{r:?}"
+    );
+
+    // A Localhost profile file: mkdir refused, everything else allowed.
+    let profile = env.base.join("no-mkdir.json");
+    std::fs::write(
+        &profile,
+        r#"{"defaultAction":"SCMP_ACT_ALLOW","syscalls":[{"names":["mkdir","mkdirat"],"action":"SCMP_ACT_ERRNO","errnoRet":1}]}"#,
+    )
+    .unwrap();
+    let mut c = ctr("local", idle);
+    c.security.seccomp = sandboxd::container::Seccomp::Localhost(profile.to_string_lossy().into());
+    let local = run(&rt, &sb, &c);
+    assert_ne!(exec(&rt, &local, "mkdir /tmp/x").exit_code, 0);
+    assert_eq!(exec(&rt, &local, "touch /tmp/y && echo ok").stdout, b"ok\n");
+    let mut c = ctr("badprofile", idle);
+    c.security.seccomp =
+        sandboxd::container::Seccomp::Localhost("/nonexistent/profile.json".into());
+    let e = rt.create_container(&sb, &c).unwrap_err().to_string();
+    assert!(
+        e.contains("seccomp") && e.contains("/nonexistent/profile.json"),
+        "{e}"
+    );
+
+    // Privileged: every capability, writable /sys, no masked paths; mounting works.
+    let mut c = ctr("priv", idle);
+    c.security.privileged = true;
+    let privileged = run(&rt, &sb, &c);
+    let m = "mkdir -p /m && mount -t tmpfs none /m && echo mounted";
+    assert_eq!(exec(&rt, &privileged, m).stdout, b"mounted\n");
+    assert_ne!(exec(&rt, &plain, m).exit_code, 0);
+
+    // Bind mounts from the host, read-only and read-write.
+    let share = env.base.join("share");
+    std::fs::create_dir_all(&share).unwrap();
+    std::fs::write(share.join("data"), "from-host").unwrap();
+    let mut c = ctr("mounts", idle);
+    c.mounts = vec![
+        sandboxd::BindMount {
+            container_path: "/ro".into(),
+            host_path: share.to_string_lossy().into(),
+            readonly: true,
+            ..Default::default()
+        },
+        sandboxd::BindMount {
+            container_path: "/rw".into(),
+            host_path: share.to_string_lossy().into(),
+            readonly: false,
+            ..Default::default()
+        },
+    ];
+    let mounts = run(&rt, &sb, &c);
+    assert_eq!(exec(&rt, &mounts, "cat /ro/data").stdout, b"from-host");
+    assert_ne!(exec(&rt, &mounts, "touch /ro/new").exit_code, 0);
+    assert_eq!(
+        exec(&rt, &mounts, "echo hi > /rw/new && echo ok").stdout,
+        b"ok\n"
+    );
+    assert_eq!(std::fs::read_to_string(share.join("new")).unwrap(), "hi\n");
+    rt.remove_pod_sandbox(&sb).unwrap();
+    env.assert_no_leaks();
+}

@@ -307,8 +307,10 @@ pub fn capabilities(c: &ContainerConfig) -> Result<BTreeSet<String>> {
             set.remove(&parse_capability("drop_capabilities", n)?);
         }
     }
-    // Capabilities this kernel does not know would make the runtime fail.
-    let last = caps::runtime::thread_all_supported();
+    // A capability the daemon itself lacks (a kernel that does not know it, or a host whose
+    // root runs with a reduced bounding set) cannot be granted: the runtime would fail.
+    let last = caps::read(None, caps::CapSet::Bounding)
+        .unwrap_or_else(|_| caps::runtime::thread_all_supported());
     Ok(set
         .into_iter()
         .filter(|c| last.contains(c))

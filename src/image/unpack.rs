@@ -433,6 +433,30 @@ mod tests {
     }
 
     #[test]
+    fn zstd_layer_and_its_diff_id() {
+        let data = tar_of(|b| {
+            b.append(&header(tar::EntryType::Directory, "opt/", 0), &[][..])
+                .unwrap();
+            b.append(&header(tar::EntryType::Regular, "opt/z", 4), &b"zstd"[..])
+                .unwrap();
+        });
+        let z = ruzstd::encoding::compress_to_vec(
+            &data[..],
+            ruzstd::encoding::CompressionLevel::Fastest,
+        );
+        assert_eq!(&z[..4], b"\x28\xb5\x2f\xfd", "not a zstd frame");
+        let root = tmp("zstd");
+        let (_, diff_id) = apply_layer(Box::new(&z[..]), &root).unwrap();
+        use sha2::Digest;
+        assert_eq!(
+            diff_id,
+            format!("sha256:{}", hex(&sha2::Sha256::digest(&data)))
+        );
+        assert_eq!(std::fs::read(root.join("opt/z")).unwrap(), b"zstd");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
     fn hostile_layers_cannot_escape() {
         let outside = tmp("outside");
         // 1. "../" in a path.
