@@ -163,6 +163,12 @@ enum Cmd {
         /// A label for the table (e.g. the runtime's name).
         #[arg(long, default_value = "")]
         label: String,
+        /// Also create, start, stop and remove K containers in every pod.
+        #[arg(long, default_value_t = 0)]
+        containers: usize,
+        /// The image of those containers (must be present: pull or import it first).
+        #[arg(long, default_value = "localhost/sandboxd-bench/busybox:latest")]
+        image: String,
     },
 }
 
@@ -531,13 +537,19 @@ async fn run(cli: Cli) -> Result<(), String> {
             runtime,
             netns_dir,
             label,
+            containers,
+            image,
         } => {
             bench::run(
                 ch,
-                pods,
-                concurrency.max(1),
-                share_pid,
-                runtime,
+                bench::Params {
+                    pods,
+                    conc: concurrency.max(1),
+                    share_pid,
+                    runtime,
+                    containers,
+                    image,
+                },
                 &netns_dir,
                 &label,
                 cli.output,
@@ -754,6 +766,22 @@ mod bench {
         status: Vec<f64>,
         stop: Vec<f64>,
         remove: Vec<f64>,
+        create_c: Vec<f64>,
+        start_c: Vec<f64>,
+        stop_c: Vec<f64>,
+        remove_c: Vec<f64>,
+    }
+
+    /// What one benchmark run does.
+    #[derive(Clone)]
+    pub struct Params {
+        pub pods: usize,
+        pub conc: usize,
+        pub share_pid: bool,
+        pub runtime: String,
+        /// Containers per pod (0 = pods only).
+        pub containers: usize,
+        pub image: String,
     }
 
     fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -779,17 +807,14 @@ mod bench {
             .count()
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub async fn run(
         ch: Channel,
-        pods: usize,
-        conc: usize,
-        share_pid: bool,
-        runtime: String,
+        p: Params,
         netns_dir: &Path,
         label: &str,
         output: Output,
     ) -> Result<(), String> {
+        let (pods, conc, share_pid, k) = (p.pods, p.conc, p.share_pid, p.containers);
         let run_id = format!(
             "{:x}",
             std::time::SystemTime::now()
@@ -805,13 +830,13 @@ mod bench {
         let t0 = Instant::now();
         let mut tasks = Vec::new();
         for _ in 0..conc {
-            let (ch, lat, errors, next, run_id, runtime) = (
+            let (ch, lat, errors, next, run_id, p) = (
                 ch.clone(),
                 lat.clone(),
                 errors.clone(),
                 next.clone(),
                 run_id.clone(),
-                runtime.clone(),
+                p.clone(),
             );
             tasks.push(tokio::spawn(async move {
                 let mut c = client(&ch);
@@ -820,7 +845,7 @@ mod bench {
                     if i >= pods {
                         return;
                     }
-                    if let Err(e) = one(&mut c, &run_id, i, share_pid, &runtime, &lat).await {
+                    if let Err(e) = one(&mut c, &run_id, i, &p, &lat).await {
                         errors.lock().unwrap().push(e);
                     }
                 }
@@ -845,18 +870,42 @@ mod bench {
             .into_inner()
             .items
             .len();
+        let mut sel = HashMap::new();
+        sel.insert("sandboxctl-bench".to_string(), run_id.clone());
+        let left_containers = c
+            .list_containers(cri::ListContainersRequest {
+                filter: Some(cri::ContainerFilter {
+                    label_selector: sel,
+                    ..Default::default()
+                }),
+            })
+            .await
+            .map_err(|s| grpc_err("ListContainers", s))?
+            .into_inner()
+            .containers
+            .len();
+        let left = left + left_containers;
         // Give asynchronous teardown (another runtime's netns cleanup) a moment before the audit.
         tokio::time::sleep(Duration::from_millis(200)).await;
         let (ns_after, shm_after) = (netns_count(netns_dir), shm_mounts());
         let errors = errors.lock().unwrap().clone();
         let l = std::mem::take(&mut *lat.lock().unwrap());
         let mut rows = Vec::new();
-        for (name, mut v) in [
+        let mut phases = vec![
             ("RunPodSandbox", l.run),
             ("PodSandboxStatus", l.status),
             ("StopPodSandbox", l.stop),
             ("RemovePodSandbox", l.remove),
-        ] {
+        ];
+        if k > 0 {
+            phases.extend([
+                ("CreateContainer", l.create_c),
+                ("StartContainer", l.start_c),
+                ("StopContainer", l.stop_c),
+                ("RemoveContainer", l.remove_c),
+            ]);
+        }
+        for (name, mut v) in phases {
             let v = &mut v;
             rows.push(serde_json::json!({
                 "rpc": name, "count": v.len(),
@@ -866,7 +915,7 @@ mod bench {
         let ok = pods - errors.len();
         let report = serde_json::json!({
             "label": label, "pods": pods, "completed": ok, "concurrency": conc, "share_pid": share_pid,
-            "runtime_handler": runtime, "wall_s": wall, "pods_per_s": ok as f64 / wall,
+            "runtime_handler": p.runtime, "containers_per_pod": k, "image": p.image, "wall_s": wall, "pods_per_s": ok as f64 / wall,
             "rpcs": rows, "errors": errors.iter().take(5).collect::<Vec<_>>(), "error_count": errors.len(),
             "leaks": { "sandboxes_listed": left, "netns_files": ns_after as i64 - ns_before as i64, "shm_mounts": shm_after as i64 - shm_before as i64 },
         });
@@ -882,6 +931,28 @@ mod bench {
                     r["max_ms"].as_f64().unwrap()
                 )
             };
+            if k > 0 {
+                // Containers row: Run, the four container RPCs, Stop, Remove.
+                println!(
+                    "| {label} | {} | {conc} | {pods} | {k} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {left}/{:+}/{:+} |",
+                    if share_pid { "shared PID (infra)" } else { "default" },
+                    ok as f64 / wall,
+                    cell(&rows[0]),
+                    cell(&rows[4]),
+                    cell(&rows[5]),
+                    cell(&rows[6]),
+                    cell(&rows[7]),
+                    cell(&rows[2]),
+                    cell(&rows[3]),
+                    ns_after as i64 - ns_before as i64,
+                    shm_after as i64 - shm_before as i64,
+                );
+                return if left > 0 || !errors.is_empty() {
+                    Err(format!("{} errors, {left} objects left", errors.len()))
+                } else {
+                    Ok(())
+                };
+            }
             println!(
                 "| {label} | {} | {conc} | {pods} | {:.1} | {} | {} | {} | {} | {left}/{:+}/{:+} |",
                 if share_pid {
@@ -932,10 +1003,10 @@ mod bench {
         c: &mut RuntimeServiceClient<Channel>,
         run_id: &str,
         i: usize,
-        share_pid: bool,
-        runtime: &str,
+        p: &Params,
         lat: &Mutex<Lat>,
     ) -> Result<(), String> {
+        let (share_pid, runtime) = (p.share_pid, p.runtime.as_str());
         let mut labels = HashMap::new();
         labels.insert("sandboxctl-bench".to_string(), run_id.to_string());
         let mode = if share_pid {
@@ -970,7 +1041,7 @@ mod bench {
         let t = Instant::now();
         let id = c
             .run_pod_sandbox(cri::RunPodSandboxRequest {
-                config: Some(config),
+                config: Some(config.clone()),
                 runtime_handler: runtime.into(),
             })
             .await
@@ -986,6 +1057,60 @@ mod bench {
         .await
         .map_err(|s| grpc_err("PodSandboxStatus", s))?;
         let status = t.elapsed().as_secs_f64() * 1000.0;
+        let mut ctr_lat = Lat::default();
+        let mut ids = Vec::new();
+        for j in 0..p.containers {
+            let mut labels = HashMap::new();
+            labels.insert("sandboxctl-bench".to_string(), run_id.to_string());
+            let cc = cri::ContainerConfig {
+                metadata: Some(cri::ContainerMetadata {
+                    name: format!("c{j}"),
+                    attempt: 0,
+                }),
+                image: Some(cri::ImageSpec {
+                    image: p.image.clone(),
+                    ..Default::default()
+                }),
+                command: vec!["sleep".into(), "3600".into()],
+                labels,
+                ..Default::default()
+            };
+            let t = Instant::now();
+            let cid = c
+                .create_container(cri::CreateContainerRequest {
+                    pod_sandbox_id: id.clone(),
+                    config: Some(cc),
+                    sandbox_config: Some(config.clone()),
+                })
+                .await
+                .map_err(|s| grpc_err("CreateContainer", s))?
+                .into_inner()
+                .container_id;
+            ctr_lat.create_c.push(t.elapsed().as_secs_f64() * 1000.0);
+            let t = Instant::now();
+            c.start_container(cri::StartContainerRequest {
+                container_id: cid.clone(),
+            })
+            .await
+            .map_err(|s| grpc_err("StartContainer", s))?;
+            ctr_lat.start_c.push(t.elapsed().as_secs_f64() * 1000.0);
+            ids.push(cid);
+        }
+        for cid in ids {
+            let t = Instant::now();
+            c.stop_container(cri::StopContainerRequest {
+                container_id: cid.clone(),
+                timeout: 0,
+            })
+            .await
+            .map_err(|s| grpc_err("StopContainer", s))?;
+            ctr_lat.stop_c.push(t.elapsed().as_secs_f64() * 1000.0);
+            let t = Instant::now();
+            c.remove_container(cri::RemoveContainerRequest { container_id: cid })
+                .await
+                .map_err(|s| grpc_err("RemoveContainer", s))?;
+            ctr_lat.remove_c.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
         let t = Instant::now();
         c.stop_pod_sandbox(cri::StopPodSandboxRequest {
             pod_sandbox_id: id.clone(),
@@ -1003,6 +1128,10 @@ mod bench {
         l.status.push(status);
         l.stop.push(stop);
         l.remove.push(remove);
+        l.create_c.extend(ctr_lat.create_c);
+        l.start_c.extend(ctr_lat.start_c);
+        l.stop_c.extend(ctr_lat.stop_c);
+        l.remove_c.extend(ctr_lat.remove_c);
         Ok(())
     }
 }
