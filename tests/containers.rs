@@ -135,6 +135,19 @@ fn logs_exit_codes_and_removal() {
         "{entries:?}"
     );
 
+    // A line longer than the monitor's 16 KiB entry limit is split into partial entries.
+    let long = run(
+        &rt,
+        &sb,
+        &ctr("long", "head -c 40000 /dev/zero | tr '\\0' x; echo"),
+    );
+    wait_exited(&rt, &long);
+    let entries = log_entries(&log_of(&rt, &long));
+    let tags: Vec<&str> = entries.iter().map(|(_, t, _)| t.as_str()).collect();
+    assert_eq!(tags, ["P", "P", "F"], "{tags:?}");
+    let joined: String = entries.iter().map(|(_, _, t)| t.as_str()).collect();
+    assert_eq!(joined, "x".repeat(40000));
+
     let ok = run(&rt, &sb, &ctr("fine", "exit 0"));
     let done = wait_exited(&rt, &ok);
     assert_eq!((done.exit_code, done.reason.as_str()), (0, "Completed"));
@@ -367,6 +380,13 @@ fn containers_of_a_pod_share_localhost_and_pid_namespace() {
         (0, &b"pong\n"[..]),
         "{r:?}"
     );
+    // Same /dev/shm: the pod's tmpfs.
+    exec(&rt, &client, "echo shared > /dev/shm/token");
+    let shm = rt.sandbox_record(&sb).unwrap().shm.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(shm.join("token")).unwrap(),
+        "shared\n"
+    );
     let addrs = String::from_utf8(exec(&rt, &client, "ip -4 -o addr show eth0").stdout).unwrap();
     assert!(addrs.contains(&format!("{pod_ip}/")), "{addrs}");
     assert_eq!(wait_exited(&rt, &server).exit_code, 0);
@@ -553,6 +573,35 @@ fn seccomp_privileged_and_bind_mounts() {
     let m = "mkdir -p /m && mount -t tmpfs none /m && echo mounted";
     assert_eq!(exec(&rt, &privileged, m).stdout, b"mounted\n");
     assert_ne!(exec(&rt, &plain, m).exit_code, 0);
+
+    // A host device, with its cgroup rule.
+    let mut c = ctr("dev", idle);
+    c.devices = vec![sandboxd::container::Device {
+        container_path: "/dev/mynull".into(),
+        host_path: "/dev/null".into(),
+        permissions: "rwm".into(),
+    }];
+    let dev = run(&rt, &sb, &c);
+    assert_eq!(
+        exec(
+            &rt,
+            &dev,
+            "stat -c %t:%T /dev/mynull && echo x > /dev/mynull && echo ok"
+        )
+        .stdout,
+        b"1:3\nok\n"
+    );
+    let mut c = ctr("nodev", idle);
+    c.devices = vec![sandboxd::container::Device {
+        container_path: "/dev/x".into(),
+        host_path: "/etc/hostname".into(),
+        permissions: "r".into(),
+    }];
+    let e = rt.create_container(&sb, &c).unwrap_err().to_string();
+    assert!(
+        e.contains("devices.host_path") && e.contains("not a device"),
+        "{e}"
+    );
 
     // Bind mounts from the host, read-only and read-write.
     let share = env.base.join("share");

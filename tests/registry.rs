@@ -120,7 +120,7 @@ fn pull_with_basic_auth_and_through_a_mirror() {
         "registry.sandboxd.invalid".to_string(),
         RegistryConfig {
             mirrors: vec![format!("http://{}", reg.addr)],
-            insecure: false,
+            ..Default::default()
         },
     );
     cfg.registries = regs;
@@ -132,5 +132,38 @@ fn pull_with_basic_auth_and_through_a_mirror() {
     assert!(via
         .repo_tags
         .contains(&"registry.sandboxd.invalid/private/busybox:2".to_string()));
+    env.assert_no_leaks();
+}
+
+#[test]
+fn pull_over_https_with_a_configured_ca() {
+    let env = Env::new("reg-tls");
+    let dir = env.base.join("registry");
+    let reg = Registry::start_with(&dir, None, true);
+    reg.push_busybox("tls/busybox", "3", None);
+    let name = format!("{}/tls/busybox:3", reg.addr);
+
+    // Unknown CA: HTTPS refuses the certificate and plain HTTP gets no registry.
+    let rt = env.runtime();
+    let e = rt
+        .pull_image(&name, &Auth::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("https://") && e.contains("http://"), "{e}");
+    assert!(e.to_lowercase().contains("certificate"), "{e}");
+    assert!(rt.images().list().is_empty());
+    drop(rt);
+
+    let mut cfg = env.cfg.clone();
+    cfg.registries.insert(
+        reg.addr.clone(),
+        RegistryConfig {
+            ca_file: Some(dir.join("ca.pem")),
+            ..Default::default()
+        },
+    );
+    let rt = sandboxd::Runtime::new(cfg).unwrap();
+    let img = rt.pull_image(&name, &Auth::default()).unwrap();
+    assert_eq!(img.repo_tags, vec![name]);
     env.assert_no_leaks();
 }

@@ -21,8 +21,12 @@ pub struct RegistryConfig {
     /// Endpoints tried before the registry itself, e.g. `http://127.0.0.1:5001` or
     /// `https://mirror.example`; the repository path is kept.
     pub mirrors: Vec<String>,
-    /// Plain HTTP (no TLS) for this registry.
+    /// Plain HTTP allowed: HTTPS is tried first, then HTTP (as Docker does for insecure
+    /// registries; loopback registries are treated as insecure).
     pub insecure: bool,
+    /// A PEM file of CA certificates trusted for this registry and its mirrors (besides the
+    /// system's roots).
+    pub ca_file: Option<PathBuf>,
 }
 
 /// Credentials from the request (CRI `AuthConfig`).
@@ -64,7 +68,8 @@ fn is_loopback(host_port: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-/// `(host, plain http)` of every endpoint to try, in order.
+/// `(host, plain http)` of every endpoint to try, in order: the mirrors (with the scheme
+/// their URL names, HTTPS by default), then the registry (HTTPS, then HTTP if insecure).
 fn endpoints(r: &Reference, registries: &BTreeMap<String, RegistryConfig>) -> Vec<(String, bool)> {
     let cfg = registries.get(&r.domain).cloned().unwrap_or_default();
     let mut out: Vec<(String, bool)> = cfg
@@ -80,7 +85,10 @@ fn endpoints(r: &Reference, registries: &BTreeMap<String, RegistryConfig>) -> Ve
             (!host.is_empty()).then(|| (host.to_string(), http))
         })
         .collect();
-    out.push((r.domain.clone(), cfg.insecure || is_loopback(&r.domain)));
+    out.push((r.domain.clone(), false));
+    if cfg.insecure || is_loopback(&r.domain) {
+        out.push((r.domain.clone(), true));
+    }
     out
 }
 
@@ -92,17 +100,40 @@ pub async fn pull(
     registries: &BTreeMap<String, RegistryConfig>,
 ) -> Result<ImageRecord> {
     let r = Reference::parse(image)?;
+    let mut certs = Vec::new();
+    if let Some(ca) = registries.get(&r.domain).and_then(|c| c.ca_file.as_ref()) {
+        let data = std::fs::read(ca).map_err(|e| HostError::io("read CA file", ca, e))?;
+        certs.push(oci_client::client::Certificate {
+            encoding: oci_client::client::CertificateEncoding::Pem,
+            data,
+        });
+    }
     let mut errors = Vec::new();
     for (host, http) in endpoints(&r, registries) {
-        match pull_from(store, &r, &host, http, auth).await {
+        match pull_from(store, &r, &host, http, auth, &certs).await {
             Ok(rec) => return Ok(rec),
             Err(e) => {
                 tracing::warn!(image = %r.full(), endpoint = %host, error = %e, "pull from endpoint failed");
-                errors.push(format!("{host}: {e}"));
+                let scheme = if http { "http" } else { "https" };
+                errors.push(format!("{scheme}://{host}: {e}"));
             }
         }
     }
     Err(Error::Host(HostError::Other(errors.join("; "))))
+}
+
+/// An error with its causes (reqwest hides TLS and connection errors in its sources).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s = format!("{s}: {m}");
+        }
+        cur = c.source();
+    }
+    s
 }
 
 async fn pull_from(
@@ -111,6 +142,7 @@ async fn pull_from(
     host: &str,
     http: bool,
     auth: &Auth,
+    certs: &[oci_client::client::Certificate],
 ) -> std::result::Result<ImageRecord, String> {
     let protocol = if http {
         ClientProtocol::HttpsExcept(vec![host.to_string()])
@@ -121,6 +153,7 @@ async fn pull_from(
         protocol,
         connect_timeout: Some(std::time::Duration::from_secs(10)),
         read_timeout: Some(std::time::Duration::from_secs(60)),
+        extra_root_certificates: certs.to_vec(),
         ..Default::default()
     });
     let oref = match (&r.tag, &r.digest) {
@@ -134,7 +167,7 @@ async fn pull_from(
     let (manifest, manifest_digest, config, list_digest) = client
         .pull_manifest_and_config_and_list_digest(&oref, &auth)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| chain(&e))?;
     let config_bytes = config.into_bytes();
     let config_digest = manifest.config.digest.clone();
     let mut size = store
@@ -157,7 +190,7 @@ async fn pull_from(
                 client
                     .pull_blob(&oref, layer, &mut f)
                     .await
-                    .map_err(|e| format!("layer {}: {e}", layer.digest))?;
+                    .map_err(|e| format!("layer {}: {}", layer.digest, chain(&e)))?;
                 drop(f);
                 let mut f = std::fs::File::open(&part)
                     .map_err(|e| format!("open {}: {e}", part.display()))?;
@@ -198,7 +231,7 @@ mod tests {
             "docker.io".to_string(),
             RegistryConfig {
                 mirrors: vec!["http://127.0.0.1:5001/".into(), "mirror.example".into()],
-                insecure: false,
+                ..Default::default()
             },
         );
         let r = Reference::parse("busybox").unwrap();
@@ -211,7 +244,13 @@ mod tests {
             ]
         );
         let r = Reference::parse("127.0.0.1:5000/x:1").unwrap();
-        assert_eq!(endpoints(&r, &regs), vec![("127.0.0.1:5000".into(), true)]);
+        assert_eq!(
+            endpoints(&r, &regs),
+            vec![
+                ("127.0.0.1:5000".into(), false),
+                ("127.0.0.1:5000".into(), true)
+            ]
+        );
         assert!(is_loopback("localhost:5000") && !is_loopback("example.com:5000"));
     }
 }

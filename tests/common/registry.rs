@@ -10,11 +10,17 @@ pub struct Registry {
     /// `127.0.0.1:PORT`
     pub addr: String,
     pub log: PathBuf,
+    tls: bool,
 }
 
 impl Registry {
-    /// Starts a registry storing under `dir`; with `user` = `(name, password)` it requires them.
+    /// Starts a registry storing under `dir`; with `user` = `(name, password)` it requires them;
+    /// with `tls` it serves HTTPS with a self-signed certificate for 127.0.0.1 (`dir/ca.pem`).
     pub fn start(dir: &Path, user: Option<(&str, &str)>) -> Registry {
+        Self::start_with(dir, user, false)
+    }
+
+    pub fn start_with(dir: &Path, user: Option<(&str, &str)>, tls: bool) -> Registry {
         std::fs::create_dir_all(dir.join("data")).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -32,6 +38,34 @@ impl Registry {
             cfg += &format!(
                 "auth:\n  htpasswd:\n    realm: sandboxd-test\n    path: {}\n",
                 dir.join("htpasswd").display()
+            );
+        }
+        if tls {
+            // A CA, and a server certificate for 127.0.0.1 signed by it.
+            let ssl = |args: &str| {
+                let out = Command::new("sh")
+                    .arg("-c")
+                    .arg(format!("cd {} && openssl {args}", dir.display()))
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "openssl {args}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            };
+            ssl("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=sandboxd-test-ca -keyout ca-key.pem -out ca.pem");
+            ssl("req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout key.pem -out server.csr");
+            std::fs::write(
+                dir.join("ext.cnf"),
+                "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+            )
+            .unwrap();
+            ssl("x509 -req -in server.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days 2 -extfile ext.cnf -out cert.pem");
+            cfg += &format!(
+                "  tls:\n    certificate: {}\n    key: {}\n",
+                dir.join("cert.pem").display(),
+                dir.join("key.pem").display()
             );
         }
         std::fs::write(dir.join("config.yml"), cfg).unwrap();
@@ -54,7 +88,12 @@ impl Registry {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        Registry { child, addr, log }
+        Registry {
+            child,
+            addr,
+            log,
+            tls,
+        }
     }
 
     /// Pushes the busybox test image as `<addr>/<repo>:<tag>`; returns the layer digest.
@@ -62,7 +101,12 @@ impl Registry {
         let (layer, config) = super::busybox::gzip_layer_and_config();
         let digest = super::busybox::sha(&layer);
         let client = oci_client::Client::new(oci_client::client::ClientConfig {
-            protocol: oci_client::client::ClientProtocol::Http,
+            protocol: if self.tls {
+                oci_client::client::ClientProtocol::Https
+            } else {
+                oci_client::client::ClientProtocol::Http
+            },
+            accept_invalid_certificates: self.tls, // the test's own self-signed registry
             ..Default::default()
         });
         let r = oci_client::Reference::with_tag(self.addr.clone(), repo.into(), tag.into());
