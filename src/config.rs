@@ -92,6 +92,8 @@ pub struct Config {
     pub stop_grace: Duration,
     /// Per-registry pull settings (mirrors, plain HTTP), keyed by registry host[:port].
     pub registries: BTreeMap<String, crate::image::RegistryConfig>,
+    /// The streaming server (exec, port-forward URLs) the daemon runs.
+    pub streaming: crate::streaming::StreamingConfig,
 }
 
 mod secs {
@@ -148,6 +150,7 @@ impl Default for Config {
             cgroup_parent: "/sandboxd".into(),
             stop_grace: Duration::from_secs(10),
             registries: BTreeMap::new(),
+            streaming: Default::default(),
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod process;
 pub mod sandbox;
 pub mod server;
 pub mod state;
+pub mod streaming;
 pub mod validate;
 
 use std::collections::HashMap;

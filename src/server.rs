@@ -135,7 +135,9 @@ pub async fn serve(
         .map_err(|e| Error::Config(format!("socket: {e}")))?;
     let listener = tokio::net::UnixListener::from_std(listener)
         .map_err(|e| Error::Config(format!("socket: {e}")))?;
-    let svc = crate::cri::CriService::new(rt);
+    let streaming =
+        crate::streaming::StreamingServer::start(rt.clone(), rt.config().streaming.clone()).await?;
+    let svc = crate::cri::CriService::new(rt).with_streaming(streaming);
     let result = tonic::transport::Server::builder()
         .add_service(
             RuntimeServiceServer::new(svc.clone())

@@ -297,10 +297,12 @@ fn lifecycle_and_status_codes() {
             .unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument);
         assert!(e.message().contains("config"), "{}", e.message());
-        // Features that do not exist yet say so instead of pretending.
         let e = c.exec(cri::ExecRequest::default()).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        // Features that do not exist yet say so instead of pretending.
+        let e = c.attach(cri::AttachRequest::default()).await.unwrap_err();
         assert_eq!(e.code(), Code::Unimplemented);
-        assert!(e.message().contains("streaming"), "{}", e.message());
+        assert!(e.message().contains("attach"), "{}", e.message());
         let mut img =
             k8s_cri::v1::image_service_client::ImageServiceClient::new(channel(&d.socket).await);
         assert!(img
@@ -907,6 +909,123 @@ fn sandboxctl_pulls_with_credentials() {
         list.contains(&format!("{}/app/busybox", reg.addr)),
         "{list}"
     );
+    env.assert_no_leaks();
+}
+
+/// Exec and PortForward through the CRI: the daemon hands out a streaming URL; a SPDY client
+/// runs the command on it; requests for a stopped container are refused.
+#[test]
+fn exec_url_through_the_cri() {
+    let env = Env::new("e2eexec");
+    let d = Daemon::start(&env);
+    let layout = busybox::oci_layout(&env.base, "sandboxd.test/busybox:exec");
+    sandboxd::image::ImageStore::new(env.cfg.root.join("images"))
+        .unwrap()
+        .import(&layout, None)
+        .unwrap();
+    rt().block_on(async {
+        let mut c = client(&d.socket).await;
+        let pod = pod_config("exec", "exec-uid", false);
+        let sb = c
+            .run_pod_sandbox(run_req(pod.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .pod_sandbox_id;
+        let id = c
+            .create_container(cri::CreateContainerRequest {
+                pod_sandbox_id: sb.clone(),
+                config: Some(cri::ContainerConfig {
+                    metadata: Some(cri::ContainerMetadata {
+                        name: "idle".into(),
+                        attempt: 0,
+                    }),
+                    image: Some(cri::ImageSpec {
+                        image: "sandboxd.test/busybox:exec".into(),
+                        ..Default::default()
+                    }),
+                    command: vec!["sleep".into(), "1000".into()],
+                    ..Default::default()
+                }),
+                sandbox_config: Some(pod),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .container_id;
+        c.start_container(cri::StartContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .unwrap();
+        let url = c
+            .exec(cri::ExecRequest {
+                container_id: id.clone(),
+                cmd: vec!["sh".into(), "-c".into(), "hostname; exit 7".into()],
+                stdout: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .url;
+        assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+        let (out, status) = tokio::task::spawn_blocking(move || {
+            let mut s = common::spdy::Client::connect(&url, &["v4.channel.k8s.io"]).unwrap();
+            let err = s.open(&[("streamtype", "error")]);
+            let out = s.open(&[("streamtype", "stdout")]);
+            s.wait_ended(&[err, out]);
+            (s.text(out), s.text(err))
+        })
+        .await
+        .unwrap();
+        assert_eq!(out, "exec\n");
+        assert!(
+            status.contains("\"NonZeroExitCode\"") && status.contains("\"7\""),
+            "{status}"
+        );
+        let pf = c
+            .port_forward(cri::PortForwardRequest {
+                pod_sandbox_id: sb.clone(),
+                port: vec![80],
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .url;
+        assert!(pf.contains("/portforward/"), "{pf}");
+        let e = c
+            .exec(cri::ExecRequest {
+                container_id: id.clone(),
+                cmd: vec!["true".into()],
+                tty: true,
+                stdout: true,
+                stderr: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        c.stop_container(cri::StopContainerRequest {
+            container_id: id.clone(),
+            timeout: 0,
+        })
+        .await
+        .unwrap();
+        let e = c
+            .exec(cri::ExecRequest {
+                container_id: id.clone(),
+                cmd: vec!["true".into()],
+                stdout: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sb })
+            .await
+            .unwrap();
+    });
     env.assert_no_leaks();
 }
 

@@ -136,7 +136,9 @@ pub fn validate(c: &ContainerConfig) -> Result<()> {
     }
     if c.tty {
         return Err(invalid(
-            "tty: terminals need the streaming server, which this sandboxd version lacks".into(),
+            "tty: a terminal for the container's own process needs attach, which this sandboxd \
+             version lacks (exec -t works)"
+                .into(),
         ));
     }
     if !c.working_dir.is_empty() {

@@ -18,9 +18,8 @@ use tracing::Instrument;
 
 use crate::Runtime;
 
-const STREAMING: &str =
-    "streaming (exec, attach, port-forward) needs the streaming server, which this sandboxd \
-     version lacks; ExecSync works";
+const ATTACH: &str = "attaching to a running container's own stdio is not implemented yet \
+     (the monitor keeps no attach socket); Exec and the CRI log work";
 
 fn not_yet(rpc: &str, why: &str) -> Status {
     Status::unimplemented(format!("{rpc}: {why}"))
@@ -68,11 +67,27 @@ fn pod_stats(rt: &Runtime, id: &str) -> crate::Result<cri::PodSandboxStats> {
 #[derive(Clone)]
 pub struct CriService {
     rt: Arc<Runtime>,
+    streaming: Option<Arc<crate::streaming::StreamingServer>>,
 }
 
 impl CriService {
     pub fn new(rt: Arc<Runtime>) -> Self {
-        CriService { rt }
+        CriService {
+            rt,
+            streaming: None,
+        }
+    }
+
+    /// Serves Exec and PortForward URLs on this streaming server.
+    pub fn with_streaming(mut self, s: Arc<crate::streaming::StreamingServer>) -> Self {
+        self.streaming = Some(s);
+        self
+    }
+
+    fn streaming(&self) -> Result<Arc<crate::streaming::StreamingServer>, Status> {
+        self.streaming
+            .clone()
+            .ok_or_else(|| Status::unimplemented("this server runs no streaming server"))
     }
 
     /// Runs a blocking core call on the blocking pool, inside a span naming the sandbox.
@@ -511,23 +526,57 @@ impl RuntimeService for CriService {
 
     async fn exec(
         &self,
-        _: Request<cri::ExecRequest>,
+        req: Request<cri::ExecRequest>,
     ) -> Result<Response<cri::ExecResponse>, Status> {
-        Err(not_yet("exec", STREAMING))
+        let r = req.into_inner();
+        let s = self.streaming()?;
+        let id = r.container_id.clone();
+        let url = self
+            .blocking("Exec", &id, move |_| {
+                s.exec_url(crate::streaming::Target::Exec {
+                    container_id: r.container_id,
+                    cmd: r.cmd,
+                    tty: r.tty,
+                    stdin: r.stdin,
+                    stdout: r.stdout,
+                    stderr: r.stderr,
+                })
+            })
+            .await?;
+        Ok(Response::new(cri::ExecResponse { url }))
     }
 
     async fn attach(
         &self,
         _: Request<cri::AttachRequest>,
     ) -> Result<Response<cri::AttachResponse>, Status> {
-        Err(not_yet("attach", STREAMING))
+        Err(not_yet("attach", ATTACH))
     }
 
     async fn port_forward(
         &self,
-        _: Request<cri::PortForwardRequest>,
+        req: Request<cri::PortForwardRequest>,
     ) -> Result<Response<cri::PortForwardResponse>, Status> {
-        Err(not_yet("port_forward", STREAMING))
+        let r = req.into_inner();
+        let s = self.streaming()?;
+        let id = r.pod_sandbox_id.clone();
+        let mut ports = Vec::new();
+        for p in &r.port {
+            ports.push(
+                u16::try_from(*p).ok().filter(|p| *p > 0).ok_or_else(|| {
+                    Status::invalid_argument(format!("port {p} is not a TCP port"))
+                })?,
+            );
+        }
+        let url = self
+            .call("PortForward", &id, move |_| {
+                s.exec_url(crate::streaming::Target::PortForward {
+                    sandbox_id: r.pod_sandbox_id,
+                    ports,
+                })
+            })
+            .await?;
+        Ok(Response::new(cri::PortForwardResponse { url }))
     }
 
     async fn container_stats(

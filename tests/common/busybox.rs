@@ -16,7 +16,7 @@ pub fn sha(b: &[u8]) -> String {
 const APPLETS: &[&str] = &[
     "sh", "cat", "echo", "sleep", "id", "ls", "touch", "grep", "nc", "wget", "true", "false",
     "kill", "ps", "head", "yes", "env", "hostname", "ip", "printf", "tail", "dd", "wc", "seq",
-    "tr", "sed", "mkdir", "rm", "cut", "cmp", "stat", "unshare", "mount",
+    "tr", "sed", "mkdir", "rm", "cut", "cmp", "stat", "unshare", "mount", "stty", "tty", "netstat",
 ];
 
 /// The uncompressed layer tar: /bin/busybox plus applet symlinks, /etc/passwd with an `app`

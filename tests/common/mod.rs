@@ -6,6 +6,7 @@
 
 pub mod busybox;
 pub mod registry;
+pub mod spdy;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -11,6 +11,9 @@
 //! On success the invoked process prints the container pid and exits 0; on failure it prints
 //! the runtime's own error message on stderr and exits 1.
 //!
+//! `sandboxd-monitor exec …` is a second, non-detaching mode for exec sessions with a
+//! terminal: see [`exec_mode`].
+//!
 //! Exit file: one JSON line `{"exit_code":N,"signal":S|null,"exited_at":"RFC3339Nano"}`, where
 //! a container killed by signal S has exit_code 128+S. SIGUSR1 reopens the log file (log
 //! rotation); SIGTERM, SIGINT and SIGHUP to the monitor are ignored: it lives as long as its
@@ -81,7 +84,83 @@ fn parse_args() -> Result<Args, String> {
     })
 }
 
+/// `sandboxd-monitor exec --runtime R --runtime-root DIR --id ID --pid-file F
+/// [--console-socket S] -- CMD...`: runs `R exec --detach` (a terminal handed to the console
+/// socket needs a detached exec), stays subreaper so the exec'd process is reparented to it,
+/// reaps it and exits with its status (128+signal when killed). Not detached: the daemon waits
+/// for it like for any child.
+fn exec_mode(argv: Vec<String>) -> ! {
+    let mut opts: std::collections::HashMap<String, String> = Default::default();
+    let mut it = argv.into_iter();
+    let mut cmd = Vec::new();
+    while let Some(k) = it.next() {
+        if k == "--" {
+            cmd = it.collect();
+            break;
+        }
+        match k.as_str() {
+            "--runtime" | "--runtime-root" | "--id" | "--pid-file" | "--console-socket" => {
+                let v = it
+                    .next()
+                    .unwrap_or_else(|| die(&format!("{k} needs a value")));
+                opts.insert(k, v);
+            }
+            _ => die(&format!("exec: unknown option {k}")),
+        }
+    }
+    let req = |k: &str| {
+        opts.get(k)
+            .cloned()
+            .unwrap_or_else(|| die(&format!("exec: {k} is required")))
+    };
+    if cmd.is_empty() {
+        die("exec: no command after --");
+    }
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let pid_file = PathBuf::from(req("--pid-file"));
+    let mut c = Command::new(req("--runtime"));
+    c.arg("--root")
+        .arg(req("--runtime-root"))
+        .arg("exec")
+        .arg("--detach")
+        .arg("--pid-file")
+        .arg(&pid_file);
+    if let Some(sock) = opts.get("--console-socket") {
+        c.arg("--tty").arg("--console-socket").arg(sock);
+    }
+    c.arg(req("--id")).args(&cmd);
+    c.env_remove("NOTIFY_SOCKET");
+    match c.status() {
+        Ok(s) if s.success() => {}
+        Ok(s) => die(&format!("runtime exec failed: {s}")),
+        Err(e) => die(&format!("runtime exec: {e}")),
+    }
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| die("runtime exec wrote no pid"));
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid with a pointer to a local status word.
+        let p = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if p < 0 {
+            // No children left: the process was not reparented to us (already gone).
+            std::process::exit(255);
+        }
+        if p == pid {
+            let (code, _, _, _) = decode(status);
+            std::process::exit(code);
+        }
+    }
+}
+
 fn main() {
+    let mut argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().map(String::as_str) == Some("exec") {
+        argv.remove(0);
+        exec_mode(argv);
+    }
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {

@@ -1,0 +1,361 @@
+//! The protocol-neutral side of a streaming session: an exec'd process (runtime `exec`, with
+//! pipes or a pseudo-terminal from the runtime's console socket) wired to channels, and a
+//! connection opened inside a pod's network namespace for port forwarding.
+#![allow(unsafe_code)]
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use crate::oci::OciRuntime;
+
+/// Terminal size, as the resize stream carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+pub struct TermSize {
+    #[serde(rename = "Width")]
+    pub width: u16,
+    #[serde(rename = "Height")]
+    pub height: u16,
+}
+
+/// The client's side of a session, as channels. `None` = the client did not ask for it.
+pub struct Streams {
+    /// Data the client sends to the process; the channel closing is stdin's EOF.
+    pub stdin: Option<mpsc::Receiver<Bytes>>,
+    pub stdout: Option<mpsc::Sender<Bytes>>,
+    pub stderr: Option<mpsc::Sender<Bytes>>,
+    pub resize: Option<mpsc::Receiver<TermSize>>,
+    /// Fires when the client has gone away: the process is then killed.
+    pub gone: Option<tokio::sync::oneshot::Receiver<()>>,
+}
+
+/// How a process ended: its exit code, or why it could not run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Exited(i32),
+    Failed(String),
+}
+
+/// The Kubernetes `Status` the error stream carries at the end of an exec or attach (v4+).
+pub fn status_json(o: &Outcome) -> Vec<u8> {
+    let v = match o {
+        Outcome::Exited(0) => serde_json::json!({"metadata": {}, "status": "Success"}),
+        Outcome::Exited(code) => serde_json::json!({
+            "metadata": {},
+            "status": "Failure",
+            "message": format!("command terminated with non-zero exit code: error executing command, exit status {code}"),
+            "reason": "NonZeroExitCode",
+            "details": {"causes": [{"reason": "ExitCode", "message": code.to_string()}]},
+        }),
+        Outcome::Failed(msg) => serde_json::json!({
+            "metadata": {},
+            "status": "Failure",
+            "message": msg,
+            "reason": "InternalError",
+        }),
+    };
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// Receives the pty master the runtime sends over its console socket (SCM_RIGHTS).
+fn recv_fd(stream: &std::os::unix::net::UnixStream) -> std::io::Result<OwnedFd> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut buf = [0u8; 4096];
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let msg = recvmsg::<()>(
+        stream.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::empty(),
+    )
+    .map_err(std::io::Error::from)?;
+    for c in msg.cmsgs().map_err(std::io::Error::from)? {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            if let Some(fd) = fds.first() {
+                // SAFETY: the kernel just installed this fd in our table for us; we own it.
+                return Ok(unsafe { OwnedFd::from_raw_fd(*fd) });
+            }
+        }
+    }
+    Err(std::io::Error::other("the runtime sent no terminal fd"))
+}
+
+fn set_winsize(fd: &OwnedFd, s: TermSize) {
+    let ws = libc::winsize {
+        ws_row: s.height,
+        ws_col: s.width,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one winsize struct from the pointer, which outlives the call.
+    unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+}
+
+/// Runs `cmd` in container `id` with the runtime's `exec`, wired to `streams`, and returns
+/// how it ended. The process is reaped; if the client goes away first it is killed.
+pub async fn exec(
+    runtime: &OciRuntime,
+    id: &str,
+    dir: &Path,
+    sock_dir: &Path,
+    cmd: &[String],
+    tty: bool,
+    mut streams: Streams,
+) -> Outcome {
+    let tag = &crate::validate::new_id()[..12];
+    let pid_file = dir.join(format!("exec-{tag}.pid"));
+    // Socket paths must fit in sun_path (108 bytes): they live in a short dir of the root.
+    let console: Option<PathBuf> = tty.then(|| sock_dir.join(format!("{tag}.sock")));
+    let listener = match &console {
+        Some(p) => match std::os::unix::net::UnixListener::bind(p) {
+            Ok(l) => Some(l),
+            Err(e) => return Outcome::Failed(format!("console socket {}: {e}", p.display())),
+        },
+        None => None,
+    };
+    let mut c;
+    if let Some(p) = &console {
+        // A terminal comes through the console socket, which the runtime only uses with a
+        // detached exec: the monitor's exec mode is the subreaper that reaps the process and
+        // exits with its status.
+        c = tokio::process::Command::new(&runtime.monitor);
+        c.arg("exec")
+            .arg("--runtime")
+            .arg(&runtime.path)
+            .arg("--runtime-root")
+            .arg(&runtime.root)
+            .arg("--id")
+            .arg(id)
+            .arg("--pid-file")
+            .arg(&pid_file)
+            .arg("--console-socket")
+            .arg(p)
+            .arg("--")
+            .args(cmd);
+    } else {
+        c = tokio::process::Command::new(&runtime.path);
+        c.arg("--root")
+            .arg(&runtime.root)
+            .arg("exec")
+            .arg("--pid-file")
+            .arg(&pid_file)
+            .arg(id)
+            .args(cmd);
+    }
+    c.env_remove("NOTIFY_SOCKET");
+    c.stdin(if streams.stdin.is_some() && !tty {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    c.stdout(if tty { Stdio::null() } else { Stdio::piped() });
+    c.stderr(Stdio::piped());
+    c.kill_on_drop(true);
+    let cleanup = || {
+        let _ = std::fs::remove_file(&pid_file);
+        if let Some(p) = &console {
+            let _ = std::fs::remove_file(p);
+        }
+    };
+    let mut child = match c.spawn() {
+        Ok(ch) => ch,
+        Err(e) => {
+            cleanup();
+            return Outcome::Failed(format!("spawn {}: {e}", runtime.path.display()));
+        }
+    };
+    let runtime_err = child.stderr.take();
+
+    // Output tasks end at EOF and are waited for; input tasks are stopped at the exit.
+    let mut tasks = Vec::new();
+    let mut inputs = Vec::new();
+    if let Some(listener) = listener {
+        // The runtime connects once the process exists and hands us the pty master.
+        let accepted = tokio::task::spawn_blocking(move || {
+            let (s, _) = listener.accept()?;
+            recv_fd(&s)
+        })
+        .await;
+        let master = match accepted {
+            Ok(Ok(fd)) => fd,
+            Ok(Err(e)) => {
+                let _ = child.kill().await;
+                cleanup();
+                return Outcome::Failed(format!("terminal: {e}"));
+            }
+            Err(e) => {
+                cleanup();
+                return Outcome::Failed(format!("terminal: {e}"));
+            }
+        };
+        let master = std::sync::Arc::new(master);
+        if let Some(mut rx) = streams.resize.take() {
+            let m = master.clone();
+            inputs.push(tokio::spawn(async move {
+                while let Some(s) = rx.recv().await {
+                    set_winsize(&m, s);
+                }
+            }));
+        }
+        let dup = |m: &OwnedFd| m.try_clone().map(std::fs::File::from);
+        let (Ok(rf), Ok(wf)) = (dup(&master), dup(&master)) else {
+            let _ = child.kill().await;
+            cleanup();
+            return Outcome::Failed("terminal: cannot duplicate the pty fd".into());
+        };
+        if let Some(out) = streams.stdout.take() {
+            let mut r = tokio::fs::File::from_std(rf);
+            tasks.push(tokio::spawn(async move {
+                let mut buf = vec![0u8; 32 * 1024];
+                // EIO once the terminal's last process exits: that is the end of output.
+                while let Ok(n) = r.read(&mut buf).await {
+                    if n == 0 || out.send(Bytes::copy_from_slice(&buf[..n])).await.is_err() {
+                        break;
+                    }
+                }
+            }));
+        }
+        if let Some(mut rx) = streams.stdin.take() {
+            let mut w = tokio::fs::File::from_std(wf);
+            inputs.push(tokio::spawn(async move {
+                while let Some(b) = rx.recv().await {
+                    if w.write_all(&b).await.is_err() {
+                        break;
+                    }
+                }
+                // End of input on a terminal: ^D.
+                let _ = w.write_all(&[4]).await;
+            }));
+        }
+    } else {
+        if let (Some(mut rx), Some(mut w)) = (streams.stdin.take(), child.stdin.take()) {
+            inputs.push(tokio::spawn(async move {
+                while let Some(b) = rx.recv().await {
+                    if w.write_all(&b).await.is_err() {
+                        break;
+                    }
+                }
+                drop(w); // EOF
+            }));
+        }
+        if let (Some(tx), Some(mut r)) = (streams.stdout.take(), child.stdout.take()) {
+            tasks.push(tokio::spawn(async move {
+                let mut buf = vec![0u8; 32 * 1024];
+                while let Ok(n) = r.read(&mut buf).await {
+                    if n == 0 || tx.send(Bytes::copy_from_slice(&buf[..n])).await.is_err() {
+                        break;
+                    }
+                }
+            }));
+        }
+    }
+    // The runtime's stderr carries the process's stderr (no tty) and the runtime's own errors.
+    let err_tx = streams.stderr.take();
+    let err_task = tokio::spawn(async move {
+        let mut own = Vec::new();
+        if let Some(mut r) = runtime_err {
+            let mut buf = vec![0u8; 32 * 1024];
+            while let Ok(n) = r.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                match &err_tx {
+                    Some(tx) => {
+                        let _ = tx.send(Bytes::copy_from_slice(&buf[..n])).await;
+                    }
+                    None => own.extend_from_slice(&buf[..n]),
+                }
+            }
+        }
+        own
+    });
+
+    let status = match streams.gone.take() {
+        Some(gone) => {
+            tokio::select! {
+                s = child.wait() => s,
+                Ok(()) = gone => {
+                    // Kill the process itself: killing the runtime alone would orphan it.
+                    kill_pid_file(&pid_file);
+                    child.wait().await
+                }
+            }
+        }
+        None => child.wait().await,
+    };
+    for t in inputs {
+        t.abort();
+    }
+    for t in tasks {
+        // EOF comes once the process and anything it left holding the output are gone.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), t).await;
+    }
+    let own_err = tokio::time::timeout(std::time::Duration::from_secs(2), err_task)
+        .await
+        .ok()
+        .and_then(|r| r.ok())
+        .unwrap_or_default();
+    cleanup();
+    match status {
+        Ok(s) => {
+            use std::os::unix::process::ExitStatusExt;
+            let code = s
+                .code()
+                .or_else(|| s.signal().map(|n| 128 + n))
+                .unwrap_or(255);
+            if code != 0 && !own_err.is_empty() && !tty {
+                tracing::debug!(container_id = %id, stderr = %String::from_utf8_lossy(&own_err), "exec stderr");
+            }
+            Outcome::Exited(code)
+        }
+        Err(e) => Outcome::Failed(format!("wait for {}: {e}", runtime.path.display())),
+    }
+}
+
+/// Kills the exec'd process named by a pid file (the client went away).
+pub fn kill_pid_file(pid_file: &Path) {
+    if let Some(pid) = std::fs::read_to_string(pid_file)
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+    {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// Connects to `127.0.0.1:port` inside the network namespace at `netns` (`None` = the host's):
+/// a dedicated thread enters the namespace and creates the socket there, so it keeps talking
+/// inside the pod after the thread is gone.
+pub async fn connect_in_netns(
+    netns: Option<PathBuf>,
+    port: u16,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let std_stream =
+        tokio::task::spawn_blocking(move || -> std::io::Result<std::net::TcpStream> {
+            let handle = std::thread::spawn(move || -> std::io::Result<std::net::TcpStream> {
+                if let Some(ns) = &netns {
+                    let f = std::fs::File::open(ns)?;
+                    nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
+                        .map_err(std::io::Error::from)?;
+                }
+                std::net::TcpStream::connect_timeout(
+                    &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+                    std::time::Duration::from_secs(10),
+                )
+            });
+            handle
+                .join()
+                .map_err(|_| std::io::Error::other("netns thread panicked"))?
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+    std_stream.set_nonblocking(true)?;
+    tokio::net::TcpStream::from_std(std_stream)
+}

@@ -1,0 +1,304 @@
+//! The streaming server: CRI `Exec`, `Attach` and `PortForward` return a one-time URL on it
+//! (a random token in the path, valid for one use within [`TOKEN_TTL`]); the client (kubelet,
+//! crictl, sandboxctl) upgrades that request to SPDY/3.1 (`spdy.rs`) or WebSocket (`ws.rs`)
+//! and the session runs the exec'd process or the port forward (`exec.rs`).
+
+pub mod exec;
+pub mod spdy;
+pub mod ws;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::{lock, ContainerState, Runtime};
+
+/// How long an issued URL stays valid by default (kubelet's streaming cache uses one minute too).
+pub const TOKEN_TTL: Duration = Duration::from_secs(60);
+
+/// Streaming server settings (`[streaming]` in the config file).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StreamingConfig {
+    /// Address to listen on; port 0 picks a free one.
+    pub address: String,
+    /// A session with no traffic in either direction for this long is closed.
+    pub idle_timeout_secs: u64,
+    /// Sessions running at once; more are refused with 503.
+    pub max_sessions: usize,
+    /// How long an issued URL stays valid (it is also valid only once).
+    pub token_ttl_secs: u64,
+}
+
+impl Default for StreamingConfig {
+    fn default() -> Self {
+        StreamingConfig {
+            address: "127.0.0.1:0".into(),
+            idle_timeout_secs: 4 * 3600,
+            max_sessions: 256,
+            token_ttl_secs: TOKEN_TTL.as_secs(),
+        }
+    }
+}
+
+/// What an issued URL is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Exec {
+        container_id: String,
+        cmd: Vec<String>,
+        tty: bool,
+        stdin: bool,
+        stdout: bool,
+        stderr: bool,
+    },
+    PortForward {
+        sandbox_id: String,
+        /// Ports from the CRI request (WebSocket clients get exactly these).
+        ports: Vec<u16>,
+    },
+}
+
+struct Pending {
+    target: Target,
+    expires: Instant,
+}
+
+/// The running server.
+pub struct StreamingServer {
+    rt: Arc<Runtime>,
+    cfg: StreamingConfig,
+    pub addr: SocketAddr,
+    tokens: Mutex<HashMap<String, Pending>>,
+    sessions: Arc<tokio::sync::Semaphore>,
+}
+
+impl StreamingServer {
+    /// Binds the listener and serves in the background (needs a tokio runtime).
+    pub async fn start(rt: Arc<Runtime>, cfg: StreamingConfig) -> Result<Arc<Self>> {
+        let listener = tokio::net::TcpListener::bind(&cfg.address)
+            .await
+            .map_err(|e| {
+                Error::Config(format!(
+                    "streaming server: cannot listen on {}: {e}",
+                    cfg.address
+                ))
+            })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::Config(format!("streaming server address: {e}")))?;
+        let server = Arc::new(StreamingServer {
+            rt,
+            sessions: Arc::new(tokio::sync::Semaphore::new(cfg.max_sessions.max(1))),
+            cfg,
+            addr,
+            tokens: Mutex::new(HashMap::new()),
+        });
+        let s = server.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, peer)) = listener.accept().await else {
+                    continue;
+                };
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        let s = s.clone();
+                        async move { Ok::<_, std::convert::Infallible>(s.handle(req).await) }
+                    });
+                    if let Err(e) = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                        .with_upgrades()
+                        .await
+                    {
+                        tracing::debug!(%peer, error = %e, "streaming connection ended");
+                    }
+                });
+            }
+        });
+        tracing::info!(address = %addr, "streaming server listening");
+        Ok(server)
+    }
+
+    /// Checks an exec request and issues its URL.
+    pub fn exec_url(&self, target: Target) -> Result<String> {
+        match &target {
+            Target::Exec {
+                container_id,
+                cmd,
+                tty,
+                stdin,
+                stdout,
+                stderr,
+            } => {
+                if cmd.is_empty() {
+                    return Err(Error::InvalidArgument("cmd must not be empty".into()));
+                }
+                if !(*stdin || *stdout || *stderr) {
+                    return Err(Error::InvalidArgument(
+                        "one of stdin, stdout and stderr must be set".into(),
+                    ));
+                }
+                if *tty && *stderr {
+                    return Err(Error::InvalidArgument(
+                        "tty and stderr cannot both be set (a terminal merges them)".into(),
+                    ));
+                }
+                let r = self.rt.container_status(container_id)?;
+                if r.state != ContainerState::Running {
+                    return Err(Error::FailedPrecondition(format!(
+                        "container {} is not running ({:?})",
+                        r.id, r.state
+                    )));
+                }
+                let mut t = target.clone();
+                if let Target::Exec { container_id, .. } = &mut t {
+                    *container_id = r.id;
+                }
+                Ok(self.issue("exec", t))
+            }
+            Target::PortForward { sandbox_id, ports } => {
+                let s = self.rt.pod_sandbox_status(sandbox_id)?;
+                if s.state != crate::SandboxState::Ready {
+                    return Err(Error::FailedPrecondition(format!(
+                        "sandbox {} is not ready",
+                        s.id
+                    )));
+                }
+                Ok(self.issue(
+                    "portforward",
+                    Target::PortForward {
+                        sandbox_id: s.id,
+                        ports: ports.clone(),
+                    },
+                ))
+            }
+        }
+    }
+
+    fn issue(&self, kind: &str, target: Target) -> String {
+        let token = crate::validate::new_id()[..32].to_string();
+        let now = Instant::now();
+        let mut tokens = lock(&self.tokens);
+        tokens.retain(|_, p| p.expires > now);
+        tokens.insert(
+            token.clone(),
+            Pending {
+                target,
+                expires: now + Duration::from_secs(self.cfg.token_ttl_secs.max(1)),
+            },
+        );
+        format!("http://{}/{kind}/{token}", self.addr)
+    }
+
+    /// Takes a token: valid once, before it expires.
+    fn take(&self, kind: &str, token: &str) -> Option<Target> {
+        let p = lock(&self.tokens).remove(token)?;
+        let ok = p.expires > Instant::now()
+            && matches!(
+                (&p.target, kind),
+                (Target::Exec { .. }, "exec") | (Target::PortForward { .. }, "portforward")
+            );
+        ok.then_some(p.target)
+    }
+
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_secs(self.cfg.idle_timeout_secs.max(1))
+    }
+
+    async fn handle(self: Arc<Self>, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+        let path = req.uri().path().to_string();
+        let mut parts = path.trim_start_matches('/').splitn(2, '/');
+        let (kind, token) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        let Some(target) = self.take(kind, token) else {
+            return text(StatusCode::NOT_FOUND, "unknown or expired streaming URL");
+        };
+        let Ok(permit) = self.sessions.clone().try_acquire_owned() else {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many streaming sessions",
+            );
+        };
+        let upgrade = header(&req, "upgrade").to_ascii_lowercase();
+        if upgrade.contains("websocket") {
+            ws::accept(self.clone(), req, target, permit)
+        } else if upgrade.contains("spdy/3.1") {
+            spdy::accept(self.clone(), req, target, permit)
+        } else {
+            text(
+                StatusCode::BAD_REQUEST,
+                "streaming needs an Upgrade to SPDY/3.1 or websocket",
+            )
+        }
+    }
+
+    /// The container's runtime, its dir (for pid files and console sockets) and full id.
+    pub(crate) fn exec_parts(
+        &self,
+        container_id: &str,
+    ) -> Result<(crate::oci::OciRuntime, PathBuf, String)> {
+        let r = self.rt.container_status(container_id)?;
+        if r.state != ContainerState::Running {
+            return Err(Error::FailedPrecondition(format!(
+                "container {} is not running",
+                r.id
+            )));
+        }
+        let runtime = self.rt.handler(&r.runtime_handler)?.clone();
+        Ok((runtime, r.dir.clone(), r.id))
+    }
+
+    /// Where console sockets of exec sessions live (short paths: sun_path is 108 bytes).
+    pub(crate) fn sock_dir(&self) -> PathBuf {
+        let d = self.rt.config().root.join("exec");
+        if !d.is_dir() {
+            use std::os::unix::fs::DirBuilderExt;
+            let _ = std::fs::DirBuilder::new().mode(0o700).create(&d);
+        }
+        d
+    }
+
+    /// The netns of a ready sandbox (`None` for host network).
+    pub(crate) fn pod_netns(&self, sandbox_id: &str) -> Result<Option<PathBuf>> {
+        let r = self.rt.sandbox_record(sandbox_id)?;
+        if r.state != crate::SandboxState::Ready {
+            return Err(Error::FailedPrecondition(format!(
+                "sandbox {} is not ready",
+                r.id
+            )));
+        }
+        Ok(r.netns.clone())
+    }
+}
+
+fn header(req: &Request<hyper::body::Incoming>, name: &str) -> String {
+    req.headers()
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Every value of a (possibly repeated, comma-separated) header.
+pub(crate) fn header_values(req: &Request<hyper::body::Incoming>, name: &str) -> Vec<String> {
+    header(req, name)
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+pub(crate) fn text(code: StatusCode, msg: &str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(msg.to_string())));
+    *r.status_mut() = code;
+    r
+}

@@ -1,0 +1,396 @@
+//! The Kubernetes WebSocket channel protocols (`tokio-tungstenite`): every message is a channel
+//! byte and a payload (binary), or an ASCII channel digit and base64 (`*base64.channel.k8s.io`,
+//! text frames). Exec: 0 stdin, 1 stdout, 2 stderr, 3 error, 4 resize, and in v5 255 = close a
+//! channel. Port forward: port i on channels 2i (data) and 2i+1 (error), each opened by the
+//! port as two little-endian bytes.
+
+use std::sync::Arc;
+
+use base64::Engine;
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode};
+use tokio::sync::{mpsc, oneshot};
+use tokio_tungstenite::tungstenite::protocol::{Message, Role};
+use tokio_tungstenite::WebSocketStream;
+
+use super::exec::{self, Outcome, Streams, TermSize};
+use super::{header_values, text, StreamingServer, Target};
+
+/// Exec protocols, best first; "" is the plain binary protocol of clients that offer none.
+pub const EXEC_PROTOCOLS: &[&str] = &[
+    "v5.channel.k8s.io",
+    "v4.channel.k8s.io",
+    "v4.base64.channel.k8s.io",
+    "channel.k8s.io",
+    "base64.channel.k8s.io",
+];
+pub const PORTFORWARD_PROTOCOLS: &[&str] = &[
+    "v4.channel.k8s.io",
+    "v4.base64.channel.k8s.io",
+    "portforward.k8s.io",
+];
+
+pub fn accept(
+    server: Arc<StreamingServer>,
+    req: Request<hyper::body::Incoming>,
+    target: Target,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> Response<Full<Bytes>> {
+    let Some(key) = req
+        .headers()
+        .get("sec-websocket-key")
+        .and_then(|k| k.to_str().ok())
+        .map(str::to_string)
+    else {
+        return text(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key");
+    };
+    let offered = header_values(&req, "sec-websocket-protocol");
+    let supported = match target {
+        Target::Exec { .. } => EXEC_PROTOCOLS,
+        Target::PortForward { .. } => PORTFORWARD_PROTOCOLS,
+    };
+    let proto = if offered.is_empty() {
+        String::new()
+    } else {
+        match offered.iter().find(|o| supported.contains(&o.as_str())) {
+            Some(p) => p.clone(),
+            None => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    &format!(
+                        "no supported subprotocol in {offered:?}; server accepts {supported:?}"
+                    ),
+                )
+            }
+        }
+    };
+    let mut resp = Response::new(Full::new(Bytes::new()));
+    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = resp.headers_mut();
+    h.insert("connection", "Upgrade".parse().expect("static header"));
+    h.insert("upgrade", "websocket".parse().expect("static header"));
+    let accept_key = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    if let Ok(v) = accept_key.parse() {
+        h.insert("sec-websocket-accept", v);
+    }
+    if !proto.is_empty() {
+        if let Ok(v) = proto.parse() {
+            h.insert("sec-websocket-protocol", v);
+        }
+    }
+    let query_ports: Vec<u16> = req
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| *k == "port" || *k == "ports")
+        .flat_map(|(_, v)| v.split(',').map(str::to_string).collect::<Vec<_>>())
+        .filter_map(|p| p.parse::<u16>().ok())
+        .collect();
+    tokio::spawn(async move {
+        let _permit = permit;
+        match hyper::upgrade::on(req).await {
+            Ok(up) => {
+                let io = hyper_util::rt::TokioIo::new(up);
+                let ws = WebSocketStream::from_raw_socket(io, Role::Server, None).await;
+                match target {
+                    Target::Exec {
+                        container_id,
+                        cmd,
+                        tty,
+                        stdin,
+                        stdout,
+                        stderr,
+                    } => {
+                        run_exec(
+                            &server,
+                            ws,
+                            &proto,
+                            &container_id,
+                            &cmd,
+                            (tty, stdin, stdout, stderr && !tty),
+                        )
+                        .await
+                    }
+                    Target::PortForward { sandbox_id, ports } => {
+                        let ports = if ports.is_empty() { query_ports } else { ports };
+                        run_portforward(&server, ws, &proto, &sandbox_id, &ports).await
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "websocket upgrade failed"),
+        }
+    });
+    resp
+}
+
+fn encode(b64: bool, channel: u8, payload: &[u8]) -> Message {
+    if b64 {
+        let mut s = String::with_capacity(1 + payload.len() * 4 / 3 + 4);
+        s.push((b'0' + channel) as char);
+        s.push_str(&base64::engine::general_purpose::STANDARD.encode(payload));
+        Message::text(s)
+    } else {
+        let mut v = Vec::with_capacity(1 + payload.len());
+        v.push(channel);
+        v.extend_from_slice(payload);
+        Message::binary(v)
+    }
+}
+
+/// `(channel, payload)` of an incoming message; `None` for control or malformed ones.
+fn decode(b64: bool, m: Message) -> Option<(u8, Vec<u8>)> {
+    match m {
+        Message::Binary(b) if !b64 && !b.is_empty() => Some((b[0], b[1..].to_vec())),
+        Message::Text(t) if b64 && !t.is_empty() => {
+            let bytes = t.as_bytes();
+            let ch = bytes[0].checked_sub(b'0')?;
+            let data = base64::engine::general_purpose::STANDARD
+                .decode(&bytes[1..])
+                .ok()?;
+            Some((ch, data))
+        }
+        _ => None,
+    }
+}
+
+type Ws = WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
+
+async fn run_exec(
+    server: &StreamingServer,
+    ws: Ws,
+    proto: &str,
+    container_id: &str,
+    cmd: &[String],
+    (tty, want_in, want_out, want_err): (bool, bool, bool, bool),
+) {
+    let b64 = proto.contains("base64");
+    let v5 = proto == "v5.channel.k8s.io";
+    let v4 = v5 || proto.starts_with("v4.");
+    let (mut sink, mut stream) = ws.split();
+    let (out_tx, mut out_rx) = mpsc::channel::<Message>(32);
+    let writer = tokio::spawn(async move {
+        while let Some(m) = out_rx.recv().await {
+            if sink.send(m).await.is_err() {
+                return;
+            }
+        }
+        let _ = sink.close().await;
+    });
+    // Opened: one empty message on the lowest channel the server writes.
+    let first = if want_out {
+        1
+    } else if want_err {
+        2
+    } else {
+        3
+    };
+    let _ = out_tx.send(encode(b64, first, &[])).await;
+
+    let (stdin_tx, stdin_rx) = mpsc::channel::<Bytes>(64);
+    let (resize_tx, resize_rx) = mpsc::channel::<TermSize>(8);
+    let (gone_tx, gone_rx) = oneshot::channel::<()>();
+    let idle = server.idle_timeout();
+    let reader = tokio::spawn(async move {
+        let mut stdin_tx = Some(stdin_tx);
+        loop {
+            let m = match tokio::time::timeout(idle, stream.next()).await {
+                Ok(Some(Ok(m))) => m,
+                _ => break,
+            };
+            if m.is_close() {
+                break;
+            }
+            let Some((ch, data)) = decode(b64, m) else {
+                continue;
+            };
+            match ch {
+                0 => {
+                    if let Some(tx) = &stdin_tx {
+                        if tx.send(Bytes::from(data)).await.is_err() {
+                            stdin_tx = None;
+                        }
+                    }
+                }
+                4 => {
+                    if let Ok(s) = serde_json::from_slice::<TermSize>(&data) {
+                        let _ = resize_tx.send(s).await;
+                    }
+                }
+                255 if v5 => {
+                    // v5 CLOSE: [255, channel]; closing stdin is its EOF.
+                    match data.as_slice() {
+                        [0] => stdin_tx = None,
+                        [_] => {}
+                        _ => break,
+                    }
+                }
+                _ => {}
+            }
+        }
+        let _ = gone_tx.send(());
+    });
+    let fwd = |ch: u8| {
+        let (tx, mut rx) = mpsc::channel::<Bytes>(16);
+        let out = out_tx.clone();
+        let t = tokio::spawn(async move {
+            while let Some(b) = rx.recv().await {
+                if out.send(encode(b64, ch, &b)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        (tx, t)
+    };
+    let mut tasks = Vec::new();
+    let stdout = want_out.then(|| {
+        let (tx, t) = fwd(1);
+        tasks.push(t);
+        tx
+    });
+    let stderr = want_err.then(|| {
+        let (tx, t) = fwd(2);
+        tasks.push(t);
+        tx
+    });
+    let s = Streams {
+        stdin: want_in.then_some(stdin_rx),
+        stdout,
+        stderr,
+        resize: tty.then_some(resize_rx),
+        gone: Some(gone_rx),
+    };
+    let outcome = match server.exec_parts(container_id) {
+        Ok((runtime, dir, id)) => {
+            exec::exec(&runtime, &id, &dir, &server.sock_dir(), cmd, tty, s).await
+        }
+        Err(e) => Outcome::Failed(e.to_string()),
+    };
+    for t in tasks {
+        let _ = t.await;
+    }
+    let msg = if v4 {
+        exec::status_json(&outcome)
+    } else {
+        match &outcome {
+            Outcome::Exited(0) => Vec::new(),
+            Outcome::Exited(c) => format!("command terminated with exit code {c}").into_bytes(),
+            Outcome::Failed(m) => m.clone().into_bytes(),
+        }
+    };
+    if !msg.is_empty() {
+        let _ = out_tx.send(encode(b64, 3, &msg)).await;
+    }
+    drop(out_tx);
+    let _ = writer.await;
+    reader.abort();
+}
+
+async fn run_portforward(
+    server: &StreamingServer,
+    ws: Ws,
+    proto: &str,
+    sandbox_id: &str,
+    ports: &[u16],
+) {
+    let b64 = proto.contains("base64");
+    let (mut sink, mut stream) = ws.split();
+    let netns = match server.pod_netns(sandbox_id) {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = sink.send(encode(b64, 1, e.to_string().as_bytes())).await;
+            let _ = sink.close().await;
+            return;
+        }
+    };
+    if ports.is_empty() || ports.len() > 64 {
+        let _ = sink
+            .send(encode(b64, 1, b"port forwarding needs 1 to 64 ports"))
+            .await;
+        let _ = sink.close().await;
+        return;
+    }
+    let (out_tx, mut out_rx) = mpsc::channel::<Message>(64);
+    let writer = tokio::spawn(async move {
+        while let Some(m) = out_rx.recv().await {
+            if sink.send(m).await.is_err() {
+                return;
+            }
+        }
+        let _ = sink.close().await;
+    });
+    let mut inbound = Vec::new();
+    let mut tasks = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        let (data_ch, err_ch) = ((2 * i) as u8, (2 * i + 1) as u8);
+        for ch in [data_ch, err_ch] {
+            let _ = out_tx.send(encode(b64, ch, &port.to_le_bytes())).await;
+        }
+        let (tx, mut rx) = mpsc::channel::<Bytes>(64);
+        inbound.push(tx);
+        let (out, netns, port, sandbox_id) =
+            (out_tx.clone(), netns.clone(), *port, sandbox_id.to_string());
+        tasks.push(tokio::spawn(async move {
+            match exec::connect_in_netns(netns, port).await {
+                Ok(tcp) => {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let (mut r, mut w) = tcp.into_split();
+                    let up = async move {
+                        while let Some(b) = rx.recv().await {
+                            if w.write_all(&b).await.is_err() {
+                                break;
+                            }
+                        }
+                        let _ = w.shutdown().await;
+                    };
+                    let down = async {
+                        let mut buf = vec![0u8; 32 * 1024];
+                        while let Ok(n) = r.read(&mut buf).await {
+                            if n == 0 || out.send(encode(b64, data_ch, &buf[..n])).await.is_err() {
+                                break;
+                            }
+                        }
+                    };
+                    tokio::join!(up, down);
+                }
+                Err(e) => {
+                    let msg = format!("error forwarding port {port} to pod {sandbox_id}: {e}");
+                    let _ = out.send(encode(b64, err_ch, msg.as_bytes())).await;
+                }
+            }
+        }));
+    }
+    let idle = server.idle_timeout();
+    let reader = tokio::spawn(async move {
+        let mut inbound: Vec<Option<mpsc::Sender<Bytes>>> = inbound.into_iter().map(Some).collect();
+        loop {
+            let m = match tokio::time::timeout(idle, stream.next()).await {
+                Ok(Some(Ok(m))) => m,
+                _ => break,
+            };
+            if m.is_close() {
+                break;
+            }
+            let Some((ch, data)) = decode(b64, m) else {
+                continue;
+            };
+            let i = (ch / 2) as usize;
+            if ch % 2 == 0 {
+                if let Some(Some(tx)) = inbound.get(i) {
+                    if tx.send(Bytes::from(data)).await.is_err() {
+                        inbound[i] = None;
+                    }
+                }
+            }
+        }
+    });
+    for t in tasks {
+        let _ = t.await;
+    }
+    reader.abort();
+    drop(out_tx);
+    let _ = writer.await;
+}

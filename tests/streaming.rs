@@ -1,0 +1,407 @@
+//! The streaming server for real: one-time URLs, exec over SPDY/3.1 (our own client written
+//! from the protocol description) and over WebSocket (tungstenite's client), TTY with resize,
+//! port forwarding into the pod's network namespace, and no leaks after many sessions.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::spdy::Client;
+use common::*;
+use sandboxd::streaming::{StreamingConfig, StreamingServer, Target};
+use sandboxd::{ContainerConfig, Error, Runtime};
+use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest, Message};
+
+const IMAGE: &str = "sandboxd.test/busybox:stream";
+
+struct Setup {
+    env: Env,
+    rt: Arc<Runtime>,
+    tokio: tokio::runtime::Runtime,
+    server: Arc<StreamingServer>,
+    sandbox: String,
+    container: String,
+}
+
+fn setup(name: &str, script: &str, ttl: u64) -> Setup {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("sandboxd=debug")
+        .with_test_writer()
+        .try_init();
+    let env = Env::new(name);
+    let rt = Arc::new(env.runtime());
+    rt.images()
+        .import(&busybox::oci_layout(&env.base, IMAGE), None)
+        .unwrap();
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cfg = StreamingConfig {
+        token_ttl_secs: ttl,
+        ..Default::default()
+    };
+    let server = tokio
+        .block_on(StreamingServer::start(rt.clone(), cfg))
+        .unwrap();
+    let sandbox = rt.run_pod_sandbox(&env.pod(name, false)).unwrap();
+    let c = ContainerConfig {
+        metadata: sandboxd::ContainerMetadata {
+            name: "main".into(),
+            attempt: 0,
+        },
+        image: IMAGE.into(),
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        ..Default::default()
+    };
+    let container = rt.create_container(&sandbox, &c).unwrap();
+    rt.start_container(&container).unwrap();
+    Setup {
+        env,
+        rt,
+        tokio,
+        server,
+        sandbox,
+        container,
+    }
+}
+
+impl Setup {
+    fn exec_url(&self, cmd: &str, tty: bool, stdin: bool, stderr: bool) -> String {
+        self.server
+            .exec_url(Target::Exec {
+                container_id: self.container.clone(),
+                cmd: vec!["sh".into(), "-c".into(), cmd.into()],
+                tty,
+                stdin,
+                stdout: true,
+                stderr,
+            })
+            .unwrap()
+    }
+
+    fn finish(self) {
+        self.rt.remove_pod_sandbox(&self.sandbox).unwrap();
+        self.env.assert_no_leaks();
+        drop(self.tokio);
+    }
+}
+
+fn status(json: &str) -> serde_json::Value {
+    serde_json::from_str(json).unwrap_or_else(|e| panic!("error stream {json:?}: {e}"))
+}
+
+#[test]
+fn spdy_exec_output_exit_code_and_single_use() {
+    let s = setup("st-spdy", "exec sleep 1000", 60);
+    let url = s.exec_url("echo out; echo err >&2; exit 3", false, false, true);
+    let mut c = Client::connect(&url, &["v4.channel.k8s.io", "channel.k8s.io"]).unwrap();
+    assert_eq!(c.protocol, "v4.channel.k8s.io");
+    let err = c.open(&[("streamtype", "error")]);
+    let out = c.open(&[("streamtype", "stdout")]);
+    let eout = c.open(&[("streamtype", "stderr")]);
+    c.ping(1);
+    c.wait_ended(&[err, out, eout]);
+    assert_eq!(c.text(out), "out\n");
+    assert_eq!(c.text(eout), "err\n");
+    let st = status(&c.text(err));
+    assert_eq!(st["status"], "Failure");
+    assert_eq!(st["reason"], "NonZeroExitCode");
+    assert_eq!(st["details"]["causes"][0]["reason"], "ExitCode");
+    assert_eq!(st["details"]["causes"][0]["message"], "3");
+    assert_eq!(st["metadata"], serde_json::json!({}));
+    // The URL was good for one use.
+    let again = Client::connect(&url, &["v4.channel.k8s.io"]).err().unwrap();
+    assert!(again.starts_with("HTTP/1.1 404"), "{again}");
+
+    // Success; stdin streamed in and closed with FIN.
+    let url = s.exec_url("cat; echo done", false, true, false);
+    let mut c = Client::connect(&url, &["v4.channel.k8s.io"]).unwrap();
+    let err = c.open(&[("streamtype", "error")]);
+    let inp = c.open(&[("streamtype", "stdin")]);
+    let out = c.open(&[("streamtype", "stdout")]);
+    c.send(inp, b"hello ", false);
+    c.send(inp, b"spdy\n", true);
+    c.wait_ended(&[err, out]);
+    assert_eq!(c.text(out), "hello spdy\ndone\n");
+    assert_eq!(status(&c.text(err))["status"], "Success");
+
+    // Unknown protocol versions are refused, listing what the server speaks.
+    let url = s.exec_url("true", false, false, false);
+    let e = Client::connect(&url, &["v9.channel.k8s.io"]).err().unwrap();
+    assert!(
+        e.starts_with("HTTP/1.1 403") && e.contains("v4.channel.k8s.io"),
+        "{e}"
+    );
+    s.finish();
+}
+
+#[test]
+fn spdy_exec_with_a_terminal_and_resize() {
+    let s = setup("st-tty", "exec sleep 1000", 60);
+    let url = s.exec_url("read x; stty size; echo got $x", true, true, false);
+    let mut c = Client::connect(&url, &["v4.channel.k8s.io"]).unwrap();
+    let err = c.open(&[("streamtype", "error")]);
+    let inp = c.open(&[("streamtype", "stdin")]);
+    let out = c.open(&[("streamtype", "stdout")]);
+    let resize = c.open(&[("streamtype", "resize")]);
+    c.send(resize, b"{\"Width\":100,\"Height\":40}\n", false);
+    std::thread::sleep(Duration::from_millis(200));
+    c.send(inp, b"typed\r", false);
+    c.wait_ended(&[err, out]);
+    let text = c.text(out);
+    assert!(
+        text.contains("40 100"),
+        "{text:?} / error stream: {}",
+        c.text(err)
+    );
+    assert!(text.contains("got typed"), "{text:?}");
+    assert_eq!(status(&c.text(err))["status"], "Success");
+    s.finish();
+}
+
+fn ws_connect(
+    url: &str,
+    protocol: &str,
+) -> tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<std::net::TcpStream>> {
+    let mut req = url
+        .replace("http://", "ws://")
+        .into_client_request()
+        .unwrap();
+    req.headers_mut()
+        .insert("Sec-WebSocket-Protocol", protocol.parse().unwrap());
+    let (ws, resp) = tungstenite::connect(req).unwrap();
+    assert_eq!(
+        resp.headers().get("sec-websocket-protocol").unwrap(),
+        protocol
+    );
+    ws
+}
+
+/// Reads channel messages until the server closes; returns per-channel bytes.
+fn ws_collect(
+    ws: &mut tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<std::net::TcpStream>>,
+    b64: bool,
+) -> std::collections::HashMap<u8, Vec<u8>> {
+    use base64::Engine;
+    let mut out: std::collections::HashMap<u8, Vec<u8>> = Default::default();
+    loop {
+        match ws.read() {
+            Ok(Message::Binary(b)) if !b64 => {
+                out.entry(b[0]).or_default().extend_from_slice(&b[1..])
+            }
+            Ok(Message::Text(t)) if b64 => {
+                let t = t.as_bytes();
+                let data = base64::engine::general_purpose::STANDARD
+                    .decode(&t[1..])
+                    .unwrap();
+                out.entry(t[0] - b'0').or_default().extend_from_slice(&data);
+            }
+            Ok(Message::Close(_)) | Err(_) => return out,
+            Ok(_) => {}
+        }
+    }
+}
+
+#[test]
+fn websocket_exec_v5_close_v4_and_base64() {
+    let s = setup("st-ws", "exec sleep 1000", 60);
+    // v5: stdin closed with the CLOSE message; exit code 2 reported as NonZeroExitCode.
+    let url = s.exec_url("cat; exit 2", false, true, true);
+    let mut ws = ws_connect(&url, "v5.channel.k8s.io");
+    ws.send(Message::binary(b"\x00via websocket\n".to_vec()))
+        .unwrap();
+    ws.send(Message::binary(vec![255u8, 0])).unwrap();
+    let got = ws_collect(&mut ws, false);
+    assert_eq!(got[&1], b"via websocket\n");
+    let st = status(&String::from_utf8_lossy(&got[&3]));
+    assert_eq!(st["reason"], "NonZeroExitCode");
+    assert_eq!(st["details"]["causes"][0]["message"], "2");
+
+    // base64 flavour of v4.
+    let url = s.exec_url("echo b64; echo e >&2", false, false, true);
+    let mut ws = ws_connect(&url, "v4.base64.channel.k8s.io");
+    let got = ws_collect(&mut ws, true);
+    assert_eq!(got[&1], b"b64\n");
+    assert_eq!(got[&2], b"e\n");
+    assert_eq!(
+        status(&String::from_utf8_lossy(&got[&3]))["status"],
+        "Success"
+    );
+    s.finish();
+}
+
+#[test]
+fn port_forward_over_spdy_and_websocket() {
+    let s = setup("st-pf", "while :; do echo pong | nc -l -p 8080; done", 60);
+    // Wait for the listener inside the pod (nc listens again after each connection).
+    let listening = || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let r =
+                s.rt.exec_sync(
+                    &s.container,
+                    &[
+                        "sh".into(),
+                        "-c".into(),
+                        "netstat -ltn | grep -q ':8080 '".into(),
+                    ],
+                    Duration::from_secs(5),
+                )
+                .unwrap();
+            if r.exit_code == 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nothing listens on 8080 in the pod"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    listening();
+    let url = s
+        .server
+        .exec_url(Target::PortForward {
+            sandbox_id: s.sandbox.clone(),
+            ports: vec![8080],
+        })
+        .unwrap();
+    let mut c = Client::connect(&url, &["portforward.k8s.io"]).unwrap();
+    let err = c.open(&[
+        ("streamtype", "error"),
+        ("port", "8080"),
+        ("requestid", "0"),
+    ]);
+    let data = c.open(&[("streamtype", "data"), ("port", "8080"), ("requestid", "0")]);
+    c.send(err, b"", true);
+    c.send(data, b"ping\n", false);
+    c.wait_for(data, "pong");
+    assert_eq!(c.text(data), "pong\n");
+    // A port nobody listens on: the error stream says so.
+    let err2 = c.open(&[("streamtype", "error"), ("port", "9"), ("requestid", "1")]);
+    let data2 = c.open(&[("streamtype", "data"), ("port", "9"), ("requestid", "1")]);
+    c.wait_ended(&[err2, data2]);
+    assert!(
+        c.text(err2).contains("error forwarding port 9"),
+        "{}",
+        c.text(err2)
+    );
+    drop(c);
+
+    listening();
+    let url = s
+        .server
+        .exec_url(Target::PortForward {
+            sandbox_id: s.sandbox.clone(),
+            ports: vec![8080],
+        })
+        .unwrap();
+    let mut ws = ws_connect(&url, "v4.channel.k8s.io");
+    // The server opens both channels of port 0 with the port number, little-endian.
+    for ch in [0u8, 1] {
+        let m = loop {
+            if let Message::Binary(b) = ws.read().unwrap() {
+                break b;
+            }
+        };
+        assert_eq!(m.to_vec(), vec![ch, 0x90, 0x1f]);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = Vec::new();
+    ws.send(Message::binary(b"\x00ping\n".to_vec())).unwrap();
+    while !String::from_utf8_lossy(&got).contains("pong") && Instant::now() < deadline {
+        if let Ok(Message::Binary(b)) = ws.read() {
+            if b[0] == 0 {
+                got.extend_from_slice(&b[1..]);
+            }
+        }
+    }
+    assert_eq!(got, b"pong\n");
+    drop(ws);
+    s.finish();
+}
+
+#[test]
+fn urls_are_checked_expire_and_sessions_leave_nothing() {
+    let s = setup("st-urls", "exec sleep 1000", 1);
+    let bad = |t: Target| s.server.exec_url(t).unwrap_err();
+    let exec = |tty, stdin, stdout, stderr| Target::Exec {
+        container_id: s.container.clone(),
+        cmd: vec!["true".into()],
+        tty,
+        stdin,
+        stdout,
+        stderr,
+    };
+    assert!(matches!(
+        bad(exec(false, false, false, false)),
+        Error::InvalidArgument(_)
+    ));
+    assert!(matches!(
+        bad(exec(true, false, true, true)),
+        Error::InvalidArgument(_)
+    ));
+    assert!(matches!(
+        bad(Target::Exec {
+            container_id: "0123456789abcdef".into(),
+            cmd: vec!["true".into()],
+            tty: false,
+            stdin: false,
+            stdout: true,
+            stderr: false
+        }),
+        Error::NotFound { .. }
+    ));
+    // Expired after its TTL.
+    let url = s.exec_url("true", false, false, false);
+    std::thread::sleep(Duration::from_millis(1500));
+    let e = Client::connect(&url, &["v4.channel.k8s.io"]).err().unwrap();
+    assert!(e.starts_with("HTTP/1.1 404"), "{e}");
+
+    // 20 concurrent sessions: all exit codes right, then no runtime exec, no extra fds.
+    let fds = || list_names(std::path::Path::new("/proc/self/fd")).len();
+    let before = fds();
+    let urls: Vec<String> = (0..20)
+        .map(|i| s.exec_url(&format!("echo {i}; exit {}", i % 4), false, false, false))
+        .collect();
+    std::thread::scope(|sc| {
+        for (i, url) in urls.iter().enumerate() {
+            sc.spawn(move || {
+                let mut c = Client::connect(url, &["v4.channel.k8s.io"]).unwrap();
+                let err = c.open(&[("streamtype", "error")]);
+                let out = c.open(&[("streamtype", "stdout")]);
+                c.wait_ended(&[err, out]);
+                assert_eq!(c.text(out), format!("{i}\n"));
+                let st = status(&c.text(err));
+                if i % 4 == 0 {
+                    assert_eq!(st["status"], "Success");
+                } else {
+                    assert_eq!(st["details"]["causes"][0]["message"], (i % 4).to_string());
+                }
+            });
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fds() > before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(fds() <= before, "fds: {before} before, {} after", fds());
+    let left = processes_mentioning(&format!("exec --pid-file {}", s.env.base.display()));
+    assert!(left.is_empty(), "runtime exec processes left: {left:?}");
+    let ps =
+        s.rt.exec_sync(
+            &s.container,
+            &["ps".into(), "-o".into(), "stat,args".into()],
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    let ps = String::from_utf8_lossy(&ps.stdout);
+    assert!(
+        !ps.lines().any(|l| l.trim_start().starts_with('Z')),
+        "zombies: {ps}"
+    );
+    s.finish();
+}
