@@ -1029,6 +1029,130 @@ fn exec_url_through_the_cri() {
     env.assert_no_leaks();
 }
 
+/// sandboxctl's interactive commands over the streaming server: exec -i with stdin EOF,
+/// exec -it with the remote exit code, and port-forward to a server in the pod.
+#[test]
+fn sandboxctl_exec_interactive_and_port_forward() {
+    use std::io::{BufRead, Read, Write};
+    let env = Env::new("e2estream");
+    let d = Daemon::start(&env);
+    let ep = format!("unix://{}", d.socket.display());
+    let layout = busybox::oci_layout(&env.base, "sandboxd.test/busybox:streams");
+    let root = env.cfg.root.to_string_lossy().into_owned();
+    let ctl_cmd = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_sandboxctl"));
+        c.arg("-r").arg(&ep).args(args);
+        c
+    };
+    let ctl = |args: &[&str]| {
+        let out = ctl_cmd(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let with_stdin = |args: &[&str], input: &[u8]| {
+        let mut child = ctl_cmd(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    ctl(&[
+        "images",
+        "import",
+        "--root",
+        &root,
+        layout.to_str().unwrap(),
+    ]);
+    let pod = env.base.join("pod.json");
+    std::fs::write(
+        &pod,
+        r#"{"metadata":{"name":"streams","namespace":"default","uid":"streams-uid"}}"#,
+    )
+    .unwrap();
+    let ctr = env.base.join("ctr.json");
+    std::fs::write(
+        &ctr,
+        r#"{"metadata":{"name":"srv"},"image":{"image":"sandboxd.test/busybox:streams"},
+            "command":["sh","-c","while :; do echo pong | nc -l -p 8080; done"]}"#,
+    )
+    .unwrap();
+    let pod_id = ctl(&["runp", pod.to_str().unwrap()]).trim().to_string();
+    let id = ctl(&[
+        "create",
+        &pod_id,
+        ctr.to_str().unwrap(),
+        pod.to_str().unwrap(),
+    ])
+    .trim()
+    .to_string();
+    ctl(&["start", &id]);
+
+    let out = with_stdin(&["exec", "-i", &id, "cat"], b"hello stdin\n");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"hello stdin\n");
+    let out = with_stdin(
+        &["exec", "-i", &id, "sh", "-c", "cat; echo oops >&2; exit 5"],
+        b"x",
+    );
+    assert_eq!(out.status.code(), Some(5));
+    assert_eq!(out.stdout, b"x");
+    assert_eq!(out.stderr, b"oops\n");
+    let out = with_stdin(
+        &["exec", "-i", "-t", &id, "sh"],
+        b"echo in-$((6*7))\nexit 4\n",
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("in-42"));
+
+    let mut pf = ctl_cmd(&["port-forward", &pod_id, "127.0.0.1:0:8080"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(pf.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let local = line
+        .strip_prefix("Forwarding from ")
+        .and_then(|l| l.split(" -> ").next())
+        .unwrap_or_else(|| panic!("{line:?}"))
+        .to_string();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let got = loop {
+        let mut conn = std::net::TcpStream::connect(&local).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        conn.write_all(b"ping\n").unwrap();
+        let mut got = String::new();
+        let _ = conn.read_to_string(&mut got);
+        if got.contains("pong") || Instant::now() > deadline {
+            break got;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(got, "pong\n");
+    let _ = pf.kill();
+    let _ = pf.wait();
+    ctl(&["rmp", &pod_id]);
+    env.assert_no_leaks();
+}
+
 /// kill -9 of the daemon with containers running: after the restart they still run, their
 /// logs keep flowing, and an exit that happens later is recorded with its code.
 #[test]

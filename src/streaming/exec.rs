@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use crate::oci::OciRuntime;
 
 /// Terminal size, as the resize stream carries it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 pub struct TermSize {
     #[serde(rename = "Width")]
     pub width: u16,
@@ -315,6 +315,22 @@ pub async fn exec(
         }
         Err(e) => Outcome::Failed(format!("wait for {}: {e}", runtime.path.display())),
     }
+}
+
+/// The size of the terminal on `fd`, if it is one (for clients forwarding their size).
+pub fn terminal_size(fd: &impl AsRawFd) -> Option<TermSize> {
+    let mut ws = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one winsize struct into the local we pass.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGWINSZ, &mut ws) };
+    (r == 0 && ws.ws_col > 0).then_some(TermSize {
+        width: ws.ws_col,
+        height: ws.ws_row,
+    })
 }
 
 /// Kills the exec'd process named by a pid file (the client went away).

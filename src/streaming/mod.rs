@@ -3,6 +3,7 @@
 //! crictl, sandboxctl) upgrades that request to SPDY/3.1 (`spdy.rs`) or WebSocket (`ws.rs`)
 //! and the session runs the exec'd process or the port forward (`exec.rs`).
 
+pub mod client;
 pub mod exec;
 pub mod spdy;
 pub mod ws;

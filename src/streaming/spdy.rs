@@ -236,6 +236,25 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Fram
     })
 }
 
+/// Blocking read of one frame: `(is control, control type, flags, data stream id, body)`.
+pub fn read_frame_blocking<R: std::io::Read>(
+    r: &mut R,
+) -> std::io::Result<(bool, u16, u8, u32, Vec<u8>)> {
+    let mut h = [0u8; 8];
+    r.read_exact(&mut h)?;
+    let len = u32::from_be_bytes([0, h[5], h[6], h[7]]) as usize;
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    let ctrl = h[0] & 0x80 != 0;
+    Ok((
+        ctrl,
+        u16::from_be_bytes([h[2], h[3]]),
+        h[4],
+        u32::from_be_bytes([h[0], h[1], h[2], h[3]]) & 0x7fff_ffff,
+        body,
+    ))
+}
+
 fn be32(b: &[u8], at: usize) -> u32 {
     b.get(at..at + 4)
         .and_then(|s| s.try_into().ok())

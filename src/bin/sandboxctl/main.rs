@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 mod containers;
+mod streams;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use k8s_cri::v1 as cri;
@@ -115,14 +116,28 @@ enum Cmd {
         #[arg(long, short)]
         follow: bool,
     },
-    /// Run a command in a running container and wait for it (ExecSync).
+    /// Run a command in a running container: ExecSync, or with -i/-t an interactive session
+    /// over the streaming server (SPDY). Exits with the command's exit code.
     Exec {
         id: String,
-        /// Seconds before the command is killed (0 = no limit).
+        /// Seconds before the command is killed (0 = no limit; ExecSync only).
         #[arg(long, default_value_t = 0)]
         timeout: i64,
+        /// Pass stdin to the command.
+        #[arg(long, short)]
+        interactive: bool,
+        /// Allocate a terminal.
+        #[arg(long, short)]
+        tty: bool,
         #[arg(trailing_var_arg = true, required = true)]
         cmd: Vec<String>,
+    },
+    /// Forward local ports to a pod: `port-forward POD [ADDR:]LOCAL:REMOTE…` (runs until
+    /// interrupted).
+    PortForward {
+        pod: String,
+        #[arg(required = true)]
+        ports: Vec<String>,
     },
     /// CPU and memory of running containers (ListContainerStats).
     Stats {
@@ -426,7 +441,68 @@ async fn run(cli: Cli) -> Result<(), String> {
             let id = containers::resolve_container(&mut c, &id).await?;
             containers::logs(&mut c, &id, follow).await?;
         }
-        Cmd::Exec { id, timeout, cmd } => {
+        Cmd::Exec {
+            id,
+            timeout,
+            interactive,
+            tty,
+            cmd,
+        } if interactive || tty => {
+            let _ = timeout;
+            let id = containers::resolve_container(&mut c, &id).await?;
+            let url = c
+                .exec(cri::ExecRequest {
+                    container_id: id,
+                    cmd,
+                    tty,
+                    stdin: interactive,
+                    stdout: true,
+                    stderr: !tty,
+                })
+                .await
+                .map_err(|s| grpc_err("Exec", s))?
+                .into_inner()
+                .url;
+            let code = tokio::task::spawn_blocking(move || streams::exec(&url, interactive, tty))
+                .await
+                .map_err(|e| e.to_string())??;
+            if code != 0 {
+                std::process::exit(code);
+            }
+        }
+        Cmd::PortForward { pod, ports } => {
+            let pod = resolve(&mut c, &pod).await?;
+            let mut pairs = Vec::new();
+            for p in &ports {
+                let (local, remote) = p
+                    .rsplit_once(':')
+                    .ok_or_else(|| format!("{p:?}: expected [ADDR:]LOCAL:REMOTE"))?;
+                let remote: u16 = remote
+                    .parse()
+                    .map_err(|_| format!("{p:?}: bad remote port"))?;
+                let local = if local.contains(':') {
+                    local.to_string()
+                } else {
+                    format!("127.0.0.1:{local}")
+                };
+                pairs.push((local, remote));
+            }
+            let url = c
+                .port_forward(cri::PortForwardRequest {
+                    pod_sandbox_id: pod,
+                    port: pairs.iter().map(|(_, r)| i32::from(*r)).collect(),
+                })
+                .await
+                .map_err(|s| grpc_err("PortForward", s))?
+                .into_inner()
+                .url;
+            tokio::task::spawn_blocking(move || streams::port_forward(&url, &pairs))
+                .await
+                .map_err(|e| e.to_string())??;
+        }
+        Cmd::Exec {
+            id, timeout, cmd, ..
+        } => {
             let id = containers::resolve_container(&mut c, &id).await?;
             let r = c
                 .exec_sync(cri::ExecSyncRequest {
