@@ -299,10 +299,15 @@ fn lifecycle_and_status_codes() {
         assert!(e.message().contains("config"), "{}", e.message());
         let e = c.exec(cri::ExecRequest::default()).await.unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument);
-        // Features that do not exist yet say so instead of pretending.
         let e = c.attach(cri::AttachRequest::default()).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        // Features that do not exist say so instead of pretending.
+        let e = c
+            .checkpoint_container(cri::CheckpointContainerRequest::default())
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), Code::Unimplemented);
-        assert!(e.message().contains("attach"), "{}", e.message());
+        assert!(e.message().contains("checkpoint"), "{}", e.message());
         let mut img =
             k8s_cri::v1::image_service_client::ImageServiceClient::new(channel(&d.socket).await);
         assert!(img

@@ -405,3 +405,127 @@ fn urls_are_checked_expire_and_sessions_leave_nothing() {
     );
     s.finish();
 }
+
+#[test]
+fn attach_over_spdy_and_websocket_keeps_the_container_running() {
+    let env = Env::new("st-attach");
+    let rt = Arc::new(env.runtime());
+    rt.images()
+        .import(&busybox::oci_layout(&env.base, IMAGE), None)
+        .unwrap();
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = tokio
+        .block_on(StreamingServer::start(
+            rt.clone(),
+            StreamingConfig::default(),
+        ))
+        .unwrap();
+    let mut pod = env.pod("st-attach", false);
+    pod.log_directory = env.base.join("logs").to_string_lossy().into();
+    let sb = rt.run_pod_sandbox(&pod).unwrap();
+    let c = ContainerConfig {
+        metadata: sandboxd::ContainerMetadata {
+            name: "reader".into(),
+            attempt: 0,
+        },
+        image: IMAGE.into(),
+        command: vec![
+            "sh".into(),
+            "-c".into(),
+            "echo ready; while read line; do echo \"got $line\"; echo \"err $line\" >&2; done; echo bye".into(),
+        ],
+        stdin: true,
+        log_path: "reader.log".into(),
+        ..Default::default()
+    };
+    let id = rt.create_container(&sb, &c).unwrap();
+    rt.start_container(&id).unwrap();
+    let attach = |stdin: bool| {
+        server
+            .exec_url(Target::Attach {
+                container_id: id.clone(),
+                stdin,
+                stdout: true,
+                stderr: true,
+            })
+            .unwrap()
+    };
+
+    // SPDY: write a line, read the container's answer on stdout and stderr, detach.
+    let mut c1 = Client::connect(&attach(true), &["v4.channel.k8s.io"]).unwrap();
+    let _err = c1.open(&[("streamtype", "error")]);
+    let inp = c1.open(&[("streamtype", "stdin")]);
+    let out = c1.open(&[("streamtype", "stdout")]);
+    let eout = c1.open(&[("streamtype", "stderr")]);
+    c1.send(inp, b"one\n", false);
+    c1.wait_for(out, "got one");
+    c1.wait_for(eout, "err one");
+    drop(c1); // detach
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        rt.container_status(&id).unwrap().state,
+        sandboxd::ContainerState::Running,
+        "detaching stopped the container"
+    );
+
+    // WebSocket: attach again, same stdin.
+    let mut ws = ws_connect(&attach(true), "v4.channel.k8s.io");
+    ws.send(Message::binary(b"\x00two\n".to_vec())).unwrap();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !String::from_utf8_lossy(&got).contains("got two") {
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            String::from_utf8_lossy(&got)
+        );
+        if let Ok(Message::Binary(b)) = ws.read() {
+            if b[0] == 1 {
+                got.extend_from_slice(&b[1..]);
+            }
+        }
+    }
+    // The container exiting ends the attach with success.
+    rt.stop_container(&id, Duration::ZERO).unwrap();
+    let rest = ws_collect(&mut ws, false);
+    assert_eq!(
+        status(&String::from_utf8_lossy(&rest[&3]))["status"],
+        "Success"
+    );
+    // The CRI log got everything too.
+    let log = std::fs::read_to_string(env.base.join("logs/reader.log")).unwrap();
+    assert!(
+        log.contains("stdout F got one") && log.contains("stdout F got two"),
+        "{log}"
+    );
+    assert!(log.contains("stderr F err one"), "{log}");
+
+    // Stdin for a container created without it is refused.
+    let c2 = ContainerConfig {
+        metadata: sandboxd::ContainerMetadata {
+            name: "nostdin".into(),
+            attempt: 0,
+        },
+        image: IMAGE.into(),
+        command: vec!["sleep".into(), "1000".into()],
+        ..Default::default()
+    };
+    let id2 = rt.create_container(&sb, &c2).unwrap();
+    rt.start_container(&id2).unwrap();
+    let e = server
+        .exec_url(Target::Attach {
+            container_id: id2,
+            stdin: true,
+            stdout: true,
+            stderr: false,
+        })
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    rt.remove_pod_sandbox(&sb).unwrap();
+    env.assert_no_leaks();
+    drop(tokio);
+}

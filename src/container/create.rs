@@ -84,6 +84,13 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
                 .to_string()
         },
         shared_pid: !namespaces.iter().any(|(t, p)| *t == "pid" && p.is_none()),
+        // Short path (sun_path is 108 bytes): under the root, not the container dir.
+        attach_socket: Some(
+            rt.cfg
+                .root
+                .join("attach")
+                .join(format!("{}.sock", &id[..16])),
+        ),
     };
     let entry = {
         let mut reg = lock(&rt.registry);
@@ -189,6 +196,13 @@ fn build(
                 Error::step("create log dir", id, HostError::io("create", parent, e))
             })?;
         }
+    }
+    if let Some(dir) = rec.attach_socket.as_ref().and_then(|p| p.parent()) {
+        use std::os::unix::fs::DirBuilderExt;
+        let _ = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir);
     }
     let runtime = rt.handler(&rec.runtime_handler)?;
     let files = rec.files();

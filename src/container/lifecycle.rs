@@ -191,6 +191,9 @@ pub(crate) fn teardown(rt: &Runtime, entry: &ContainerEntry) -> Result<()> {
     if let Err(e) = crate::mounts::unmount_all(&rec.rootfs()) {
         errors.push(Error::step("unmount rootfs", &rec.id, e));
     }
+    if let Some(sock) = &rec.attach_socket {
+        let _ = std::fs::remove_file(sock);
+    }
     Error::collect(errors)?;
     crate::state::remove_record_dir(&rec.dir)
         .map_err(|e| Error::step("remove container dir", &rec.id, e))

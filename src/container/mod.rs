@@ -126,6 +126,8 @@ pub struct ContainerConfig {
     /// Relative to the pod's log directory; empty = no log file.
     pub log_path: String,
     pub stdin: bool,
+    /// Close the container's stdin when the first attached client that wrote to it leaves.
+    pub stdin_once: bool,
     pub tty: bool,
     pub resources: Resources,
     pub security: SecurityContext,
@@ -170,6 +172,9 @@ pub struct ContainerRecord {
     pub stop_signal: String,
     /// The container shares a PID namespace with others: signals go to all its processes.
     pub shared_pid: bool,
+    /// The monitor's attach socket (CRI Attach).
+    #[serde(default)]
+    pub attach_socket: Option<PathBuf>,
 }
 
 impl ContainerRecord {
@@ -180,7 +185,14 @@ impl ContainerRecord {
         self.dir.join("state.json")
     }
     pub fn files(&self) -> crate::oci::ContainerFiles {
-        crate::oci::ContainerFiles::in_dir(&self.dir, self.log_path.clone())
+        let mut f = crate::oci::ContainerFiles::in_dir(&self.dir, self.log_path.clone());
+        f.attach_socket = self.attach_socket.clone();
+        f.stdin = match (self.config.stdin, self.config.stdin_once) {
+            (false, _) => "none",
+            (true, false) => "open",
+            (true, true) => "once",
+        };
+        f
     }
     /// The state CRI reports (`Creating` is not a CRI state).
     pub fn cri_state(&self) -> ContainerState {

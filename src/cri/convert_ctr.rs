@@ -117,6 +117,7 @@ pub fn container_config(c: &cri::ContainerConfig) -> Result<ContainerConfig, Err
         annotations: sorted(&c.annotations),
         log_path: c.log_path.clone(),
         stdin: c.stdin,
+        stdin_once: c.stdin_once,
         tty: c.tty,
         resources: resources(&r),
         security: SecurityContext {

@@ -18,9 +18,6 @@ use tracing::Instrument;
 
 use crate::Runtime;
 
-const ATTACH: &str = "attaching to a running container's own stdio is not implemented yet \
-     (the monitor keeps no attach socket); Exec and the CRI log work";
-
 fn not_yet(rpc: &str, why: &str) -> Status {
     Status::unimplemented(format!("{rpc}: {why}"))
 }
@@ -548,9 +545,27 @@ impl RuntimeService for CriService {
 
     async fn attach(
         &self,
-        _: Request<cri::AttachRequest>,
+        req: Request<cri::AttachRequest>,
     ) -> Result<Response<cri::AttachResponse>, Status> {
-        Err(not_yet("attach", ATTACH))
+        let r = req.into_inner();
+        if r.tty {
+            return Err(Status::invalid_argument(
+                "tty: containers are created without a terminal by this sandboxd version",
+            ));
+        }
+        let s = self.streaming()?;
+        let id = r.container_id.clone();
+        let url = self
+            .blocking("Attach", &id, move |_| {
+                s.exec_url(crate::streaming::Target::Attach {
+                    container_id: r.container_id,
+                    stdin: r.stdin,
+                    stdout: r.stdout,
+                    stderr: r.stderr,
+                })
+            })
+            .await?;
+        Ok(Response::new(cri::AttachResponse { url }))
     }
 
     async fn port_forward(

@@ -37,6 +37,10 @@ pub struct ContainerFiles {
     pub runtime_log: PathBuf,
     /// CRI log of the container's stdout/stderr, if it has one.
     pub log_path: Option<PathBuf>,
+    /// The monitor's attach socket, if the container gets one.
+    pub attach_socket: Option<PathBuf>,
+    /// The container's stdin: `none`, `open` or `once` (see the monitor).
+    pub stdin: &'static str,
 }
 
 impl ContainerFiles {
@@ -48,6 +52,8 @@ impl ContainerFiles {
             monitor_pid_file: dir.join("monitor.pid"),
             runtime_log: dir.join("runtime.log"),
             log_path,
+            attach_socket: None,
+            stdin: "none",
         }
     }
 
@@ -169,6 +175,12 @@ impl OciRuntime {
             .arg(&files.monitor_pid_file);
         if let Some(l) = &files.log_path {
             c.arg("--log-path").arg(l);
+        }
+        if let Some(a) = &files.attach_socket {
+            c.arg("--attach-socket").arg(a);
+        }
+        if files.stdin != "none" {
+            c.arg("--stdin").arg(files.stdin);
         }
         let out = self.call("create", id, c, Some(&files.runtime_log))?;
         let text = String::from_utf8_lossy(&out);

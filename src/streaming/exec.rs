@@ -317,6 +317,73 @@ pub async fn exec(
     }
 }
 
+/// Attaches `streams` to a container's own stdio through its monitor's attach socket until
+/// the container exits (the monitor closes the socket) or the client goes away (detaching
+/// never stops the container).
+pub async fn attach(socket: &Path, mut streams: Streams) -> Outcome {
+    let sock = match tokio::net::UnixStream::connect(socket).await {
+        Ok(s) => s,
+        Err(e) => return Outcome::Failed(format!("attach socket {}: {e}", socket.display())),
+    };
+    let (mut r, mut w) = sock.into_split();
+    let input = streams.stdin.take().map(|mut rx| {
+        tokio::spawn(async move {
+            while let Some(b) = rx.recv().await {
+                let mut f = vec![0u8];
+                f.extend_from_slice(&(b.len() as u32).to_be_bytes());
+                f.extend_from_slice(&b);
+                if w.write_all(&f).await.is_err() {
+                    return;
+                }
+            }
+            // The client closed its stdin.
+            let _ = w.write_all(&[3, 0, 0, 0, 0]).await;
+            // Keep the write half open: closing it would read as a detach.
+            std::future::pending::<()>().await;
+        })
+    });
+    let (stdout, stderr) = (streams.stdout.take(), streams.stderr.take());
+    let output = async {
+        let mut head = [0u8; 5];
+        loop {
+            if r.read_exact(&mut head).await.is_err() {
+                return; // the container exited and the monitor closed the socket
+            }
+            let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+            let mut data = vec![0u8; len];
+            if r.read_exact(&mut data).await.is_err() {
+                return;
+            }
+            let tx = match head[0] {
+                1 => stdout.as_ref(),
+                2 => stderr.as_ref(),
+                _ => None,
+            };
+            if let Some(tx) = tx {
+                if tx.send(Bytes::from(data)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    };
+    let gone = async {
+        match streams.gone.take() {
+            Some(g) => {
+                let _ = g.await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = output => {}
+        _ = gone => {}
+    }
+    if let Some(t) = input {
+        t.abort();
+    }
+    Outcome::Exited(0)
+}
+
 /// The size of the terminal on `fd`, if it is one (for clients forwarding their size).
 pub fn terminal_size(fd: &impl AsRawFd) -> Option<TermSize> {
     let mut ws = libc::winsize {

@@ -61,6 +61,13 @@ pub enum Target {
         stdout: bool,
         stderr: bool,
     },
+    /// Attach to the container's own stdio (through its monitor).
+    Attach {
+        container_id: String,
+        stdin: bool,
+        stdout: bool,
+        stderr: bool,
+    },
     PortForward {
         sandbox_id: String,
         /// Ports from the CRI request (WebSocket clients get exactly these).
@@ -166,6 +173,46 @@ impl StreamingServer {
                 }
                 Ok(self.issue("exec", t))
             }
+            Target::Attach {
+                container_id,
+                stdin,
+                stdout,
+                stderr,
+            } => {
+                if !(*stdin || *stdout || *stderr) {
+                    return Err(Error::InvalidArgument(
+                        "one of stdin, stdout and stderr must be set".into(),
+                    ));
+                }
+                let r = self.rt.container_status(container_id)?;
+                if r.state != ContainerState::Running {
+                    return Err(Error::FailedPrecondition(format!(
+                        "container {} is not running ({:?})",
+                        r.id, r.state
+                    )));
+                }
+                if *stdin && !r.config.stdin {
+                    return Err(Error::InvalidArgument(format!(
+                        "stdin: container {} was not created with stdin",
+                        r.id
+                    )));
+                }
+                if r.attach_socket.is_none() {
+                    return Err(Error::FailedPrecondition(format!(
+                        "container {} has no attach socket (created by an older sandboxd)",
+                        r.id
+                    )));
+                }
+                Ok(self.issue(
+                    "attach",
+                    Target::Attach {
+                        container_id: r.id,
+                        stdin: *stdin,
+                        stdout: *stdout,
+                        stderr: *stderr,
+                    },
+                ))
+            }
             Target::PortForward { sandbox_id, ports } => {
                 let s = self.rt.pod_sandbox_status(sandbox_id)?;
                 if s.state != crate::SandboxState::Ready {
@@ -206,7 +253,9 @@ impl StreamingServer {
         let ok = p.expires > Instant::now()
             && matches!(
                 (&p.target, kind),
-                (Target::Exec { .. }, "exec") | (Target::PortForward { .. }, "portforward")
+                (Target::Exec { .. }, "exec")
+                    | (Target::Attach { .. }, "attach")
+                    | (Target::PortForward { .. }, "portforward")
             );
         ok.then_some(p.target)
     }
@@ -265,6 +314,14 @@ impl StreamingServer {
             let _ = std::fs::DirBuilder::new().mode(0o700).create(&d);
         }
         d
+    }
+
+    /// The attach socket of a running container.
+    pub(crate) fn attach_socket(&self, container_id: &str) -> Result<PathBuf> {
+        let r = self.rt.container_status(container_id)?;
+        r.attach_socket.ok_or_else(|| {
+            Error::FailedPrecondition(format!("container {} has no attach socket", r.id))
+        })
     }
 
     /// The netns of a ready sandbox (`None` for host network).

@@ -271,7 +271,7 @@ pub fn accept(
 ) -> Response<Full<Bytes>> {
     let offered = header_values(&req, "x-stream-protocol-version");
     let supported = match target {
-        Target::Exec { .. } => EXEC_PROTOCOLS,
+        Target::Exec { .. } | Target::Attach { .. } => EXEC_PROTOCOLS,
         Target::PortForward { .. } => PORTFORWARD_PROTOCOLS,
     };
     if offered.is_empty() {
@@ -478,7 +478,27 @@ async fn session<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                 &proto,
                 &container_id,
                 &cmd,
+                false,
                 (tty, stdin, stdout, stderr && !tty),
+            )
+            .await;
+        }
+        Target::Attach {
+            container_id,
+            stdin,
+            stdout,
+            stderr,
+        } => {
+            run_exec(
+                &server,
+                &out,
+                opened_rx,
+                gone_rx,
+                &proto,
+                &container_id,
+                &[],
+                true,
+                (false, stdin, stdout, stderr),
             )
             .await;
         }
@@ -541,6 +561,7 @@ async fn run_exec(
     proto: &str,
     container_id: &str,
     cmd: &[String],
+    attach: bool,
     (tty, want_in, want_out, want_err): (bool, bool, bool, bool),
 ) {
     let v4 = proto.starts_with("v4.") || proto.starts_with("v5.");
@@ -589,11 +610,18 @@ async fn run_exec(
         resize: streams.remove("resize").map(|o| resize_stream(o.inbound)),
         gone: Some(gone),
     };
-    let outcome = match server.exec_parts(container_id) {
-        Ok((runtime, dir, id)) => {
-            exec::exec(&runtime, &id, &dir, &server.sock_dir(), cmd, tty, s).await
+    let outcome = if attach {
+        match server.attach_socket(container_id) {
+            Ok(sock) => exec::attach(&sock, s).await,
+            Err(e) => Outcome::Failed(e.to_string()),
         }
-        Err(e) => Outcome::Failed(e.to_string()),
+    } else {
+        match server.exec_parts(container_id) {
+            Ok((runtime, dir, id)) => {
+                exec::exec(&runtime, &id, &dir, &server.sock_dir(), cmd, tty, s).await
+            }
+            Err(e) => Outcome::Failed(e.to_string()),
+        }
     };
     for t in forwards {
         let _ = t.await;

@@ -48,7 +48,7 @@ pub fn accept(
     };
     let offered = header_values(&req, "sec-websocket-protocol");
     let supported = match target {
-        Target::Exec { .. } => EXEC_PROTOCOLS,
+        Target::Exec { .. } | Target::Attach { .. } => EXEC_PROTOCOLS,
         Target::PortForward { .. } => PORTFORWARD_PROTOCOLS,
     };
     let proto = if offered.is_empty() {
@@ -111,7 +111,25 @@ pub fn accept(
                             &proto,
                             &container_id,
                             &cmd,
+                            false,
                             (tty, stdin, stdout, stderr && !tty),
+                        )
+                        .await
+                    }
+                    Target::Attach {
+                        container_id,
+                        stdin,
+                        stdout,
+                        stderr,
+                    } => {
+                        run_exec(
+                            &server,
+                            ws,
+                            &proto,
+                            &container_id,
+                            &[],
+                            true,
+                            (false, stdin, stdout, stderr),
                         )
                         .await
                     }
@@ -165,6 +183,7 @@ async fn run_exec(
     proto: &str,
     container_id: &str,
     cmd: &[String],
+    attach: bool,
     (tty, want_in, want_out, want_err): (bool, bool, bool, bool),
 ) {
     let b64 = proto.contains("base64");
@@ -263,11 +282,18 @@ async fn run_exec(
         resize: tty.then_some(resize_rx),
         gone: Some(gone_rx),
     };
-    let outcome = match server.exec_parts(container_id) {
-        Ok((runtime, dir, id)) => {
-            exec::exec(&runtime, &id, &dir, &server.sock_dir(), cmd, tty, s).await
+    let outcome = if attach {
+        match server.attach_socket(container_id) {
+            Ok(sock) => exec::attach(&sock, s).await,
+            Err(e) => Outcome::Failed(e.to_string()),
         }
-        Err(e) => Outcome::Failed(e.to_string()),
+    } else {
+        match server.exec_parts(container_id) {
+            Ok((runtime, dir, id)) => {
+                exec::exec(&runtime, &id, &dir, &server.sock_dir(), cmd, tty, s).await
+            }
+            Err(e) => Outcome::Failed(e.to_string()),
+        }
     };
     for t in tasks {
         let _ = t.await;

@@ -263,6 +263,10 @@ impl Env {
                 .collect();
             assert!(left.is_empty(), "{h} containers left: {left:?}");
         }
+        for d in ["attach", "exec"] {
+            let left = list_names(&self.cfg.root.join(d));
+            assert!(left.is_empty(), "{d} sockets left: {left:?}");
+        }
         let containers = list_names(&self.cfg.root.join("containers"));
         assert!(containers.is_empty(), "container dirs left: {containers:?}");
         let cgroups = cgroups_under(&self.cfg.cgroup_parent);

@@ -7,7 +7,7 @@
 //!
 //! Usage: sandboxd-monitor --runtime PATH --runtime-root DIR --id ID --bundle DIR
 //!   --pid-file FILE --exit-file FILE --runtime-log FILE --monitor-pid-file FILE
-//!   [--log-path FILE]
+//!   [--log-path FILE] [--attach-socket SOCK] [--stdin none|open|once]
 //! On success the invoked process prints the container pid and exits 0; on failure it prints
 //! the runtime's own error message on stderr and exits 1.
 //!
@@ -43,6 +43,11 @@ struct Args {
     runtime_log: PathBuf,
     monitor_pid_file: PathBuf,
     log_path: Option<PathBuf>,
+    /// Unix socket where attach clients get the output and may write stdin.
+    attach_socket: Option<PathBuf>,
+    /// `none` (stdin is /dev/null), `open` (a pipe kept open), `once` (closed when the first
+    /// attach client that wrote to it goes away or closes it).
+    stdin_mode: String,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -63,6 +68,8 @@ fn parse_args() -> Result<Args, String> {
             "--runtime-log",
             "--monitor-pid-file",
             "--log-path",
+            "--attach-socket",
+            "--stdin",
         ];
         if !known.contains(&k.as_str()) {
             return Err(format!("unknown option {k}"));
@@ -81,6 +88,12 @@ fn parse_args() -> Result<Args, String> {
         runtime_log: req("--runtime-log")?.into(),
         monitor_pid_file: req("--monitor-pid-file")?.into(),
         log_path: v.remove("--log-path").map(PathBuf::from),
+        attach_socket: v.remove("--attach-socket").map(PathBuf::from),
+        stdin_mode: match v.remove("--stdin").as_deref() {
+            None | Some("none") => "none".into(),
+            Some(m @ ("open" | "once")) => m.into(),
+            Some(m) => return Err(format!("--stdin {m}: expected none, open or once")),
+        },
     })
 }
 
@@ -231,6 +244,29 @@ fn monitor(args: &Args, mut report: File) -> i32 {
         Ok(p) => p,
         Err(e) => return fail(&mut report, format!("stderr pipe: {e}")),
     };
+    let (stdin_r, mut stdin_w) = if args.stdin_mode == "none" {
+        (None, None)
+    } else {
+        match pipe() {
+            Ok((r, w)) => (Some(r), Some(w)),
+            Err(e) => return fail(&mut report, format!("stdin pipe: {e}")),
+        }
+    };
+    let listener = match &args.attach_socket {
+        Some(p) => {
+            let _ = std::fs::remove_file(p);
+            match std::os::unix::net::UnixListener::bind(p) {
+                Ok(l) => {
+                    use std::os::unix::fs::PermissionsExt;
+                    let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600));
+                    let _ = l.set_nonblocking(true);
+                    Some(l)
+                }
+                Err(e) => return fail(&mut report, format!("attach socket {}: {e}", p.display())),
+            }
+        }
+        None => None,
+    };
     let mut cmd = Command::new(&args.runtime);
     cmd.arg("--root")
         .arg(&args.runtime_root)
@@ -244,7 +280,10 @@ fn monitor(args: &Args, mut report: File) -> i32 {
         .arg("--pid-file")
         .arg(&args.pid_file)
         .arg(&args.id)
-        .stdin(Stdio::null())
+        .stdin(match stdin_r {
+            Some(r) => Stdio::from(r),
+            None => Stdio::null(),
+        })
         .stdout(Stdio::from(out_w))
         .stderr(Stdio::from(err_w));
     let spawned = cmd.spawn();
@@ -307,8 +346,13 @@ fn monitor(args: &Args, mut report: File) -> i32 {
     let _ = write!(report, "ok {pid}");
     drop(report);
 
+    if let Some(w) = &stdin_w {
+        set_nonblocking(w);
+    }
     let mut streams = [Stream::new("stdout", out_r), Stream::new("stderr", err_r)];
     let mut exit: Option<(i32, Option<i32>, Instant, String)> = None;
+    let mut clients: Vec<Attached> = Vec::new();
+    let mut stdin_pending: Vec<u8> = Vec::new();
     loop {
         if let Some((_, _, at, _)) = &exit {
             if streams.iter().all(|s| s.closed) || at.elapsed() >= DRAIN_AFTER_EXIT {
@@ -328,6 +372,27 @@ fn monitor(args: &Args, mut report: File) -> i32 {
             events: libc::POLLIN,
             revents: 0,
         });
+        // 3: attach listener, 4: container stdin (when input is pending), 5..: clients.
+        pfds.push(libc::pollfd {
+            fd: listener.as_ref().map_or(-1, |l| l.as_raw_fd()),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        pfds.push(libc::pollfd {
+            fd: match &stdin_w {
+                Some(w) if !stdin_pending.is_empty() => w.as_raw_fd(),
+                _ => -1,
+            },
+            events: libc::POLLOUT,
+            revents: 0,
+        });
+        for c in &clients {
+            pfds.push(libc::pollfd {
+                fd: c.sock.as_raw_fd(),
+                events: libc::POLLIN | if c.out.is_empty() { 0 } else { libc::POLLOUT },
+                revents: 0,
+            });
+        }
         let timeout = if exit.is_some() { 100 } else { -1 };
         // SAFETY: pfds is a valid array of pollfd for the duration of the call.
         let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
@@ -337,7 +402,71 @@ fn monitor(args: &Args, mut report: File) -> i32 {
         for (i, s) in streams.iter_mut().enumerate() {
             if pfds[i].revents != 0 {
                 s.read_into(&mut log);
+                let fresh = std::mem::take(&mut s.fresh);
+                for c in clients.iter_mut() {
+                    c.queue(i as u8 + 1, &fresh);
+                }
             }
+        }
+        if pfds[3].revents != 0 {
+            if let Some(l) = &listener {
+                while let Ok((sock, _)) = l.accept() {
+                    let _ = sock.set_nonblocking(true);
+                    clients.push(Attached {
+                        sock,
+                        inbuf: Vec::new(),
+                        out: Vec::new(),
+                        wrote_stdin: false,
+                        gone: false,
+                    });
+                }
+            }
+        }
+        for (k, c) in clients.iter_mut().enumerate() {
+            let re = pfds.get(5 + k).map_or(0, |p| p.revents);
+            if re & libc::POLLOUT != 0 {
+                c.flush();
+            }
+            if re & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+                for (kind, payload) in c.read_frames() {
+                    match kind {
+                        0 if stdin_w.is_some() => {
+                            c.wrote_stdin = true;
+                            if stdin_pending.len() + payload.len() <= MAX_STDIN_PENDING {
+                                stdin_pending.extend_from_slice(&payload);
+                            }
+                        }
+                        3 if args.stdin_mode == "once" => stdin_w = None,
+                        _ => {}
+                    }
+                }
+            }
+        }
+        // stdin_once: the first client that wrote stdin going away closes it.
+        if args.stdin_mode == "once" && clients.iter().any(|c| c.gone && c.wrote_stdin) {
+            stdin_w = None;
+        }
+        clients.retain(|c| !c.gone);
+        match &stdin_w {
+            Some(w) if !stdin_pending.is_empty() => {
+                // SAFETY: writing from a buffer we own, of the given length.
+                let n = unsafe {
+                    libc::write(
+                        w.as_raw_fd(),
+                        stdin_pending.as_ptr().cast(),
+                        stdin_pending.len(),
+                    )
+                };
+                if n > 0 {
+                    stdin_pending.drain(..n as usize);
+                } else if n < 0
+                    && std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock
+                {
+                    stdin_w = None; // the container closed its stdin
+                }
+            }
+            Some(_) => {}
+            None => stdin_pending.clear(),
         }
         if pfds[2].revents != 0 {
             for sig in read_signals(&sigfd) {
@@ -363,8 +492,24 @@ fn monitor(args: &Args, mut report: File) -> i32 {
             }
         }
     }
-    for s in streams.iter_mut() {
+    for (i, s) in streams.iter_mut().enumerate() {
         s.finish(&mut log);
+        let fresh = std::mem::take(&mut s.fresh);
+        for c in clients.iter_mut() {
+            c.queue(i as u8 + 1, &fresh);
+        }
+    }
+    // Give attached clients their last output, then close them (EOF = the container exited).
+    for c in clients.iter_mut() {
+        let _ = c.sock.set_nonblocking(false);
+        let _ = c
+            .sock
+            .set_write_timeout(Some(std::time::Duration::from_secs(1)));
+        c.flush();
+    }
+    drop(clients);
+    if let Some(p) = &args.attach_socket {
+        let _ = std::fs::remove_file(p);
     }
     let (code, signal, _, at) = exit.expect("loop ends only after the exit");
     let sig = signal.map_or_else(|| "null".to_string(), |s| s.to_string());
@@ -538,6 +683,8 @@ struct Stream {
     name: &'static str,
     fd: OwnedFd,
     buf: Vec<u8>,
+    /// Bytes read since the attach clients were last served.
+    fresh: Vec<u8>,
     closed: bool,
 }
 
@@ -547,6 +694,7 @@ impl Stream {
             name,
             fd,
             buf: Vec::new(),
+            fresh: Vec::new(),
             closed: false,
         }
     }
@@ -571,6 +719,7 @@ impl Stream {
                 return;
             }
             self.buf.extend_from_slice(&chunk[..n as usize]);
+            self.fresh.extend_from_slice(&chunk[..n as usize]);
             for (tag, content) in split_entries(&mut self.buf) {
                 log.entry(self.name, tag, &content);
             }
@@ -585,6 +734,93 @@ impl Stream {
             let rest = std::mem::take(&mut self.buf);
             log.entry(self.name, 'F', &rest);
         }
+    }
+}
+
+/// Most stdin bytes held for a container that does not read them.
+const MAX_STDIN_PENDING: usize = 1 << 20;
+/// Most output bytes queued for a slow attach client before it is dropped.
+const MAX_CLIENT_QUEUE: usize = 4 << 20;
+
+/// An attach client. Frames both ways are `kind (1 byte) | length (u32 BE) | payload`:
+/// to the client 1 = stdout, 2 = stderr; from it 0 = stdin, 3 = close stdin.
+struct Attached {
+    sock: std::os::unix::net::UnixStream,
+    inbuf: Vec<u8>,
+    out: Vec<u8>,
+    wrote_stdin: bool,
+    gone: bool,
+}
+
+impl Attached {
+    fn queue(&mut self, kind: u8, data: &[u8]) {
+        if self.gone || data.is_empty() {
+            return;
+        }
+        if self.out.len() + data.len() > MAX_CLIENT_QUEUE {
+            self.gone = true; // too slow: it would hold the container's output hostage
+            return;
+        }
+        self.out.push(kind);
+        self.out
+            .extend_from_slice(&(data.len() as u32).to_be_bytes());
+        self.out.extend_from_slice(data);
+        self.flush();
+    }
+
+    fn flush(&mut self) {
+        while !self.out.is_empty() {
+            match (&self.sock).write(&self.out) {
+                Ok(0) => {
+                    self.gone = true;
+                    return;
+                }
+                Ok(n) => {
+                    self.out.drain(..n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.gone = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn read_frames(&mut self) -> Vec<(u8, Vec<u8>)> {
+        let mut chunk = [0u8; 8192];
+        loop {
+            match (&self.sock).read(&mut chunk) {
+                Ok(0) => {
+                    self.gone = true;
+                    break;
+                }
+                Ok(n) => self.inbuf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    self.gone = true;
+                    break;
+                }
+            }
+        }
+        let mut out = Vec::new();
+        while self.inbuf.len() >= 5 {
+            let len =
+                u32::from_be_bytes([self.inbuf[1], self.inbuf[2], self.inbuf[3], self.inbuf[4]])
+                    as usize;
+            if len > 1 << 20 {
+                self.gone = true;
+                break;
+            }
+            if self.inbuf.len() < 5 + len {
+                break;
+            }
+            out.push((self.inbuf[0], self.inbuf[5..5 + len].to_vec()));
+            self.inbuf.drain(..5 + len);
+        }
+        out
     }
 }
 

@@ -314,6 +314,8 @@ struct CtrJson {
     #[serde(alias = "logPath")]
     log_path: String,
     stdin: bool,
+    #[serde(alias = "stdinOnce")]
+    stdin_once: bool,
     tty: bool,
     linux: Option<CtrLinux>,
 }
@@ -545,6 +547,7 @@ pub fn load_container_config(path: &Path) -> Result<cri::ContainerConfig, String
         annotations: c.annotations,
         log_path: c.log_path,
         stdin: c.stdin,
+        stdin_once: c.stdin_once,
         tty: c.tty,
         linux,
         ..Default::default()
