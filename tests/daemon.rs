@@ -1125,6 +1125,32 @@ fn sandboxctl_exec_interactive_and_port_forward() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("in-42"));
 
+    // Attach to the container's own output: nc's loop prints nothing, so give it a second
+    // container that does, created with stdin.
+    let talker = env.base.join("talker.json");
+    std::fs::write(
+        &talker,
+        r#"{"metadata":{"name":"talker"},"image":{"image":"sandboxd.test/busybox:streams"},
+            "command":["sh","-c","read x; echo heard $x; exit 0"],"stdin":true}"#,
+    )
+    .unwrap();
+    let tid = ctl(&[
+        "create",
+        &pod_id,
+        talker.to_str().unwrap(),
+        pod.to_str().unwrap(),
+    ])
+    .trim()
+    .to_string();
+    ctl(&["start", &tid]);
+    let out = with_stdin(&["attach", "-i", &tid], b"you\n");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "heard you\n");
+
     let mut pf = ctl_cmd(&["port-forward", &pod_id, "127.0.0.1:0:8080"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -529,3 +529,65 @@ fn attach_over_spdy_and_websocket_keeps_the_container_running() {
     env.assert_no_leaks();
     drop(tokio);
 }
+
+#[test]
+fn idle_sessions_time_out_and_sessions_are_capped() {
+    let s = setup("st-limits", "exec sleep 1000", 60);
+    let strict = s
+        .tokio
+        .block_on(StreamingServer::start(
+            s.rt.clone(),
+            StreamingConfig {
+                idle_timeout_secs: 1,
+                max_sessions: 1,
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    let url = |srv: &StreamingServer| {
+        srv.exec_url(Target::Exec {
+            container_id: s.container.clone(),
+            cmd: vec!["sleep".into(), "31".into()],
+            tty: false,
+            stdin: false,
+            stdout: true,
+            stderr: false,
+        })
+        .unwrap()
+    };
+    let t = Instant::now();
+    let mut c = Client::connect(&url(&strict), &["v4.channel.k8s.io"]).unwrap();
+    let err = c.open(&[("streamtype", "error")]);
+    let out = c.open(&[("streamtype", "stdout")]);
+    // While it runs, a second session is refused.
+    let e = Client::connect(&url(&strict), &["v4.channel.k8s.io"])
+        .err()
+        .unwrap();
+    assert!(e.starts_with("HTTP/1.1 503"), "{e}");
+    // No traffic for the idle timeout: the server ends the session and kills the command.
+    c.wait_ended(&[err, out]);
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "idle session lived {:?}",
+        t.elapsed()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ps =
+            s.rt.exec_sync(
+                &s.container,
+                &["ps".into(), "-o".into(), "args".into()],
+                Duration::from_secs(5),
+            )
+            .unwrap();
+        if !String::from_utf8_lossy(&ps.stdout).contains("sleep 31") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the idle session's command was not killed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    s.finish();
+}

@@ -132,6 +132,12 @@ enum Cmd {
         #[arg(trailing_var_arg = true, required = true)]
         cmd: Vec<String>,
     },
+    /// Attach to a running container's own stdio (until it exits or ^C); -i passes stdin.
+    Attach {
+        id: String,
+        #[arg(long, short)]
+        interactive: bool,
+    },
     /// Forward local ports to a pod: `port-forward POD [ADDR:]LOCAL:REMOTE…` (runs until
     /// interrupted).
     PortForward {
@@ -464,6 +470,27 @@ async fn run(cli: Cli) -> Result<(), String> {
                 .into_inner()
                 .url;
             let code = tokio::task::spawn_blocking(move || streams::exec(&url, interactive, tty))
+                .await
+                .map_err(|e| e.to_string())??;
+            if code != 0 {
+                std::process::exit(code);
+            }
+        }
+        Cmd::Attach { id, interactive } => {
+            let id = containers::resolve_container(&mut c, &id).await?;
+            let url = c
+                .attach(cri::AttachRequest {
+                    container_id: id,
+                    stdin: interactive,
+                    tty: false,
+                    stdout: true,
+                    stderr: true,
+                })
+                .await
+                .map_err(|s| grpc_err("Attach", s))?
+                .into_inner()
+                .url;
+            let code = tokio::task::spawn_blocking(move || streams::exec(&url, interactive, false))
                 .await
                 .map_err(|e| e.to_string())??;
             if code != 0 {

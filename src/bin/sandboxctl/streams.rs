@@ -61,7 +61,7 @@ fn copy_out(
     })
 }
 
-/// Runs an exec session on `url`; returns the remote command's exit code.
+/// Runs an exec (or attach) session on `url`; returns the remote command's exit code.
 pub fn exec(url: &str, stdin: bool, tty: bool) -> Result<i32, String> {
     let s = Arc::new(Session::connect(url, PROTOCOLS)?);
     let (_, err) = s.open(&[("streamtype", "error")])?;
