@@ -591,3 +591,80 @@ fn idle_sessions_time_out_and_sessions_are_capped() {
     }
     s.finish();
 }
+
+#[test]
+fn streaming_over_tls() {
+    let s = setup("st-tls", "exec sleep 1000", 60);
+    let dir = s.env.base.join("tls");
+    common::registry::make_tls_files(&dir);
+    let tls = s
+        .tokio
+        .block_on(StreamingServer::start(
+            s.rt.clone(),
+            StreamingConfig {
+                tls_cert_file: Some(dir.join("cert.pem")),
+                tls_key_file: Some(dir.join("key.pem")),
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    let url = tls
+        .exec_url(Target::Exec {
+            container_id: s.container.clone(),
+            cmd: vec!["echo".into(), "over tls".into()],
+            tty: false,
+            stdin: false,
+            stdout: true,
+            stderr: false,
+        })
+        .unwrap();
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    // A rustls client trusting the test's CA, and tungstenite's WebSocket over it.
+    use rustls_pki_types::pem::PemObject;
+    use tokio_rustls::rustls;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls_pki_types::CertificateDer::from_pem_file(dir.join("ca.pem")).unwrap())
+        .unwrap();
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let host = url
+        .strip_prefix("https://")
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap();
+    let tcp = std::net::TcpStream::connect(host).unwrap();
+    let conn = rustls::ClientConnection::new(
+        Arc::new(cfg),
+        rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap(),
+    )
+    .unwrap();
+    let stream = rustls::StreamOwned::new(conn, tcp);
+    let mut req = url
+        .replace("https://", "wss://")
+        .into_client_request()
+        .unwrap();
+    req.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        "v4.channel.k8s.io".parse().unwrap(),
+    );
+    let (mut ws, _) = tungstenite::client(req, stream).unwrap();
+    let mut out = Vec::new();
+    loop {
+        match ws.read() {
+            Ok(Message::Binary(b)) if b[0] == 1 => out.extend_from_slice(&b[1..]),
+            Ok(Message::Close(_)) | Err(_) => break,
+            _ => {}
+        }
+    }
+    assert_eq!(out, b"over tls\n");
+    // Plain HTTP to the TLS port gets nowhere.
+    assert!(Client::connect(&url.replace("https://", "http://"), &["v4.channel.k8s.io"]).is_err());
+    s.finish();
+}

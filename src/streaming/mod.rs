@@ -37,6 +37,9 @@ pub struct StreamingConfig {
     pub max_sessions: usize,
     /// How long an issued URL stays valid (it is also valid only once).
     pub token_ttl_secs: u64,
+    /// Serve HTTPS with this PEM certificate chain and key (both or neither).
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl Default for StreamingConfig {
@@ -46,6 +49,8 @@ impl Default for StreamingConfig {
             idle_timeout_secs: 4 * 3600,
             max_sessions: 256,
             token_ttl_secs: TOKEN_TTL.as_secs(),
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 }
@@ -85,6 +90,7 @@ pub struct StreamingServer {
     rt: Arc<Runtime>,
     cfg: StreamingConfig,
     pub addr: SocketAddr,
+    scheme: &'static str,
     tokens: Mutex<HashMap<String, Pending>>,
     sessions: Arc<tokio::sync::Semaphore>,
 }
@@ -92,6 +98,7 @@ pub struct StreamingServer {
 impl StreamingServer {
     /// Binds the listener and serves in the background (needs a tokio runtime).
     pub async fn start(rt: Arc<Runtime>, cfg: StreamingConfig) -> Result<Arc<Self>> {
+        let tls = tls_acceptor(&cfg)?;
         let listener = tokio::net::TcpListener::bind(&cfg.address)
             .await
             .map_err(|e| {
@@ -108,6 +115,7 @@ impl StreamingServer {
             sessions: Arc::new(tokio::sync::Semaphore::new(cfg.max_sessions.max(1))),
             cfg,
             addr,
+            scheme: if tls.is_some() { "https" } else { "http" },
             tokens: Mutex::new(HashMap::new()),
         });
         let s = server.clone();
@@ -116,17 +124,37 @@ impl StreamingServer {
                 let Ok((tcp, peer)) = listener.accept().await else {
                     continue;
                 };
-                let s = s.clone();
+                let (s, tls) = (s.clone(), tls.clone());
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| {
                         let s = s.clone();
                         async move { Ok::<_, std::convert::Infallible>(s.handle(req).await) }
                     });
-                    if let Err(e) = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
-                        .with_upgrades()
+                    let http = hyper::server::conn::http1::Builder::new();
+                    let r = match tls {
+                        Some(acceptor) => match tokio::time::timeout(
+                            Duration::from_secs(10),
+                            acceptor.accept(tcp),
+                        )
                         .await
-                    {
+                        {
+                            Ok(Ok(stream)) => {
+                                http.serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                                    .with_upgrades()
+                                    .await
+                            }
+                            _ => {
+                                tracing::debug!(%peer, "TLS handshake failed");
+                                return;
+                            }
+                        },
+                        None => {
+                            http.serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                                .with_upgrades()
+                                .await
+                        }
+                    };
+                    if let Err(e) = r {
                         tracing::debug!(%peer, error = %e, "streaming connection ended");
                     }
                 });
@@ -244,7 +272,7 @@ impl StreamingServer {
                 expires: now + Duration::from_secs(self.cfg.token_ttl_secs.max(1)),
             },
         );
-        format!("http://{}/{kind}/{token}", self.addr)
+        format!("{}://{}/{kind}/{token}", self.scheme, self.addr)
     }
 
     /// Takes a token: valid once, before it expires.
@@ -335,6 +363,37 @@ impl StreamingServer {
         }
         Ok(r.netns.clone())
     }
+}
+
+/// The TLS acceptor for the configured certificate and key, if any.
+fn tls_acceptor(cfg: &StreamingConfig) -> Result<Option<tokio_rustls::TlsAcceptor>> {
+    use rustls_pki_types::pem::PemObject;
+    let (cert, key) = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
+        (None, None) => return Ok(None),
+        (Some(c), Some(k)) => (c, k),
+        _ => {
+            return Err(Error::Config(
+                "streaming: tls_cert_file and tls_key_file go together".into(),
+            ))
+        }
+    };
+    let bad =
+        |what: &str, e: &dyn std::fmt::Display| Error::Config(format!("streaming TLS {what}: {e}"));
+    let chain = rustls_pki_types::CertificateDer::pem_file_iter(cert)
+        .map_err(|e| bad(&cert.display().to_string(), &e))?
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| bad(&cert.display().to_string(), &e))?;
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| bad(&key.display().to_string(), &e))?;
+    let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(Arc::new(
+        tokio_rustls::rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| bad("protocols", &e))?
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .map_err(|e| bad("certificate", &e))?;
+    Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
 }
 
 fn header(req: &Request<hyper::body::Incoming>, name: &str) -> String {

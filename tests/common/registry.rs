@@ -41,27 +41,7 @@ impl Registry {
             );
         }
         if tls {
-            // A CA, and a server certificate for 127.0.0.1 signed by it.
-            let ssl = |args: &str| {
-                let out = Command::new("sh")
-                    .arg("-c")
-                    .arg(format!("cd {} && openssl {args}", dir.display()))
-                    .output()
-                    .unwrap();
-                assert!(
-                    out.status.success(),
-                    "openssl {args}: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            };
-            ssl("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=sandboxd-test-ca -keyout ca-key.pem -out ca.pem");
-            ssl("req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout key.pem -out server.csr");
-            std::fs::write(
-                dir.join("ext.cnf"),
-                "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
-            )
-            .unwrap();
-            ssl("x509 -req -in server.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days 2 -extfile ext.cnf -out cert.pem");
+            make_tls_files(dir);
             cfg += &format!(
                 "  tls:\n    certificate: {}\n    key: {}\n",
                 dir.join("cert.pem").display(),
@@ -138,6 +118,32 @@ impl Registry {
             .filter(|l| l.contains("\" 200 "))
             .count()
     }
+}
+
+/// Writes a CA (`ca.pem`) and a server certificate for 127.0.0.1 signed by it (`cert.pem`,
+/// `key.pem`) into `dir`, with openssl.
+pub fn make_tls_files(dir: &Path) {
+    let ssl = |args: &str| {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!("cd {} && openssl {args}", dir.display()))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "openssl {args}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    std::fs::create_dir_all(dir).unwrap();
+    ssl("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=sandboxd-test-ca -keyout ca-key.pem -out ca.pem");
+    ssl("req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout key.pem -out server.csr");
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    ssl("x509 -req -in server.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days 2 -extfile ext.cnf -out cert.pem");
 }
 
 impl Drop for Registry {
