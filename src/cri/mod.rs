@@ -94,16 +94,7 @@ impl CriService {
         F: FnOnce(&Runtime) -> crate::Result<T> + Send + 'static,
     {
         let span = tracing::info_span!("cri", rpc, sandbox_id = %sandbox_id);
-        let rt = self.rt.clone();
-        let r = tokio::task::spawn_blocking(move || f(&rt))
-            .instrument(span.clone())
-            .await
-            .map_err(|e| Status::internal(format!("{rpc}: worker failed: {e}")))?;
-        r.map_err(|e| {
-            let _g = span.enter();
-            tracing::warn!(error = %e, "{rpc} failed");
-            convert::status_of(&e)
-        })
+        self.in_span(rpc, span, f).await
     }
 
     /// [`call`](Self::call) for container and image RPCs: the span names the object.
@@ -113,6 +104,14 @@ impl CriService {
         F: FnOnce(&Runtime) -> crate::Result<T> + Send + 'static,
     {
         let span = tracing::info_span!("cri", rpc, container_id = %id);
+        self.in_span(rpc, span, f).await
+    }
+
+    async fn in_span<T, F>(&self, rpc: &'static str, span: tracing::Span, f: F) -> Result<T, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Runtime) -> crate::Result<T> + Send + 'static,
+    {
         let rt = self.rt.clone();
         let r = tokio::task::spawn_blocking(move || f(&rt))
             .instrument(span.clone())

@@ -80,6 +80,111 @@ pub enum Target {
     },
 }
 
+/// What an exec or attach session runs, as both protocols need it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Process {
+    pub container_id: String,
+    /// Empty for attach.
+    pub cmd: Vec<String>,
+    pub attach: bool,
+    pub tty: bool,
+    pub stdin: bool,
+    pub stdout: bool,
+    /// A terminal merges stderr into stdout.
+    pub stderr: bool,
+}
+
+impl Target {
+    /// The process side of an exec or attach target; `None` for port forwarding.
+    pub(crate) fn process(&self) -> Option<Process> {
+        match self.clone() {
+            Target::Exec {
+                container_id,
+                cmd,
+                tty,
+                stdin,
+                stdout,
+                stderr,
+            } => Some(Process {
+                container_id,
+                cmd,
+                attach: false,
+                tty,
+                stdin,
+                stdout,
+                stderr: stderr && !tty,
+            }),
+            Target::Attach {
+                container_id,
+                stdin,
+                stdout,
+                stderr,
+            } => Some(Process {
+                container_id,
+                cmd: Vec::new(),
+                attach: true,
+                tty: false,
+                stdin,
+                stdout,
+                stderr,
+            }),
+            Target::PortForward { .. } => None,
+        }
+    }
+
+    fn protocols(&self, spdy: bool) -> &'static [&'static str] {
+        match (self, spdy) {
+            (Target::PortForward { .. }, true) => spdy::PORTFORWARD_PROTOCOLS,
+            (Target::PortForward { .. }, false) => ws::PORTFORWARD_PROTOCOLS,
+            (_, true) => spdy::EXEC_PROTOCOLS,
+            (_, false) => ws::EXEC_PROTOCOLS,
+        }
+    }
+}
+
+/// Runs the exec'd command or the attach for a session whose streams are wired up.
+pub(crate) async fn run_process(
+    server: &StreamingServer,
+    p: &Process,
+    streams: exec::Streams,
+) -> exec::Outcome {
+    if p.attach {
+        match server.attach_socket(&p.container_id) {
+            Ok(sock) => exec::attach(&sock, streams).await,
+            Err(e) => exec::Outcome::Failed(e.to_string()),
+        }
+    } else {
+        match server.exec_parts(&p.container_id) {
+            Ok((runtime, dir, id)) => {
+                exec::exec(
+                    &runtime,
+                    &id,
+                    &dir,
+                    &server.sock_dir(),
+                    &p.cmd,
+                    p.tty,
+                    streams,
+                )
+                .await
+            }
+            Err(e) => exec::Outcome::Failed(e.to_string()),
+        }
+    }
+}
+
+/// The error stream's final message: a `Status` for v4 and later, plain text on failure
+/// before (nothing on success).
+pub(crate) fn final_status(v4: bool, outcome: &exec::Outcome) -> Vec<u8> {
+    if v4 {
+        return exec::status_json(outcome);
+    }
+    match outcome {
+        exec::Outcome::Exited(0) => Vec::new(),
+        exec::Outcome::Exited(c) => format!("command terminated with exit code {c}").into_bytes(),
+        exec::Outcome::Failed(m) => m.clone().into_bytes(),
+    }
+}
+
 struct Pending {
     target: Target,
     expires: Instant,

@@ -16,7 +16,7 @@ use hyper::{Request, Response, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
-use super::exec::{self, Outcome, Streams, TermSize};
+use super::exec::{self, Streams, TermSize};
 use super::{header_values, text, StreamingServer, Target};
 
 #[path = "spdy_dict.rs"]
@@ -270,10 +270,7 @@ pub fn accept(
     permit: tokio::sync::OwnedSemaphorePermit,
 ) -> Response<Full<Bytes>> {
     let offered = header_values(&req, "x-stream-protocol-version");
-    let supported = match target {
-        Target::Exec { .. } | Target::Attach { .. } => EXEC_PROTOCOLS,
-        Target::PortForward { .. } => PORTFORWARD_PROTOCOLS,
-    };
+    let supported = target.protocols(true);
     if offered.is_empty() {
         return text(
             StatusCode::BAD_REQUEST,
@@ -461,49 +458,12 @@ async fn session<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         last_id
     });
 
-    match target {
-        Target::Exec {
-            container_id,
-            cmd,
-            tty,
-            stdin,
-            stdout,
-            stderr,
-        } => {
-            run_exec(
-                &server,
-                &out,
-                opened_rx,
-                gone_rx,
-                &proto,
-                &container_id,
-                &cmd,
-                false,
-                (tty, stdin, stdout, stderr && !tty),
-            )
-            .await;
-        }
-        Target::Attach {
-            container_id,
-            stdin,
-            stdout,
-            stderr,
-        } => {
-            run_exec(
-                &server,
-                &out,
-                opened_rx,
-                gone_rx,
-                &proto,
-                &container_id,
-                &[],
-                true,
-                (false, stdin, stdout, stderr),
-            )
-            .await;
-        }
-        Target::PortForward { sandbox_id, .. } => {
-            run_portforward(&server, &out, opened_rx, &sandbox_id).await;
+    match target.process() {
+        Some(p) => run_exec(&server, &out, opened_rx, gone_rx, &proto, &p).await,
+        None => {
+            if let Target::PortForward { sandbox_id, .. } = &target {
+                run_portforward(&server, &out, opened_rx, sandbox_id).await;
+            }
         }
     }
     reader.abort();
@@ -552,18 +512,16 @@ fn forward(out: &Out, stream: u32) -> (mpsc::Sender<Bytes>, tokio::task::JoinHan
     (tx, t)
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn run_exec(
     server: &StreamingServer,
     out: &Out,
     mut opened: mpsc::UnboundedReceiver<Opened>,
     gone: oneshot::Receiver<()>,
     proto: &str,
-    container_id: &str,
-    cmd: &[String],
-    attach: bool,
-    (tty, want_in, want_out, want_err): (bool, bool, bool, bool),
+    p: &super::Process,
 ) {
+    let (container_id, tty, want_in, want_out, want_err) =
+        (p.container_id.as_str(), p.tty, p.stdin, p.stdout, p.stderr);
     let v4 = proto.starts_with("v4.") || proto.starts_with("v5.");
     let resize_expected = tty && proto != "channel.k8s.io" && proto != "v2.channel.k8s.io";
     let expected =
@@ -610,32 +568,12 @@ async fn run_exec(
         resize: streams.remove("resize").map(|o| resize_stream(o.inbound)),
         gone: Some(gone),
     };
-    let outcome = if attach {
-        match server.attach_socket(container_id) {
-            Ok(sock) => exec::attach(&sock, s).await,
-            Err(e) => Outcome::Failed(e.to_string()),
-        }
-    } else {
-        match server.exec_parts(container_id) {
-            Ok((runtime, dir, id)) => {
-                exec::exec(&runtime, &id, &dir, &server.sock_dir(), cmd, tty, s).await
-            }
-            Err(e) => Outcome::Failed(e.to_string()),
-        }
-    };
+    let outcome = super::run_process(server, p, s).await;
     for t in forwards {
         let _ = t.await;
     }
     if let Some(e) = err_id {
-        let msg = if v4 {
-            exec::status_json(&outcome)
-        } else {
-            match &outcome {
-                Outcome::Exited(0) => Vec::new(),
-                Outcome::Exited(c) => format!("command terminated with exit code {c}").into_bytes(),
-                Outcome::Failed(m) => m.clone().into_bytes(),
-            }
-        };
+        let msg = super::final_status(v4, &outcome);
         if !msg.is_empty() {
             out.data(e, &msg);
         }

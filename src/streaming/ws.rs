@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::protocol::{Message, Role};
 use tokio_tungstenite::WebSocketStream;
 
-use super::exec::{self, Outcome, Streams, TermSize};
+use super::exec::{self, Streams, TermSize};
 use super::{header_values, text, StreamingServer, Target};
 
 /// Exec protocols, best first; "" is the plain binary protocol of clients that offer none.
@@ -47,10 +47,7 @@ pub fn accept(
         return text(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key");
     };
     let offered = header_values(&req, "sec-websocket-protocol");
-    let supported = match target {
-        Target::Exec { .. } | Target::Attach { .. } => EXEC_PROTOCOLS,
-        Target::PortForward { .. } => PORTFORWARD_PROTOCOLS,
-    };
+    let supported = target.protocols(false);
     let proto = if offered.is_empty() {
         String::new()
     } else {
@@ -96,47 +93,13 @@ pub fn accept(
             Ok(up) => {
                 let io = hyper_util::rt::TokioIo::new(up);
                 let ws = WebSocketStream::from_raw_socket(io, Role::Server, None).await;
-                match target {
-                    Target::Exec {
-                        container_id,
-                        cmd,
-                        tty,
-                        stdin,
-                        stdout,
-                        stderr,
-                    } => {
-                        run_exec(
-                            &server,
-                            ws,
-                            &proto,
-                            &container_id,
-                            &cmd,
-                            false,
-                            (tty, stdin, stdout, stderr && !tty),
-                        )
-                        .await
-                    }
-                    Target::Attach {
-                        container_id,
-                        stdin,
-                        stdout,
-                        stderr,
-                    } => {
-                        run_exec(
-                            &server,
-                            ws,
-                            &proto,
-                            &container_id,
-                            &[],
-                            true,
-                            (false, stdin, stdout, stderr),
-                        )
-                        .await
-                    }
-                    Target::PortForward { sandbox_id, ports } => {
+                match (target.process(), target) {
+                    (Some(p), _) => run_exec(&server, ws, &proto, &p).await,
+                    (None, Target::PortForward { sandbox_id, ports }) => {
                         let ports = if ports.is_empty() { query_ports } else { ports };
                         run_portforward(&server, ws, &proto, &sandbox_id, &ports).await
                     }
+                    (None, _) => {}
                 }
             }
             Err(e) => tracing::warn!(error = %e, "websocket upgrade failed"),
@@ -177,15 +140,8 @@ fn decode(b64: bool, m: Message) -> Option<(u8, Vec<u8>)> {
 
 type Ws = WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
 
-async fn run_exec(
-    server: &StreamingServer,
-    ws: Ws,
-    proto: &str,
-    container_id: &str,
-    cmd: &[String],
-    attach: bool,
-    (tty, want_in, want_out, want_err): (bool, bool, bool, bool),
-) {
+async fn run_exec(server: &StreamingServer, ws: Ws, proto: &str, p: &super::Process) {
+    let (tty, want_in, want_out, want_err) = (p.tty, p.stdin, p.stdout, p.stderr);
     let b64 = proto.contains("base64");
     let v5 = proto == "v5.channel.k8s.io";
     let v4 = v5 || proto.starts_with("v4.");
@@ -282,31 +238,11 @@ async fn run_exec(
         resize: tty.then_some(resize_rx),
         gone: Some(gone_rx),
     };
-    let outcome = if attach {
-        match server.attach_socket(container_id) {
-            Ok(sock) => exec::attach(&sock, s).await,
-            Err(e) => Outcome::Failed(e.to_string()),
-        }
-    } else {
-        match server.exec_parts(container_id) {
-            Ok((runtime, dir, id)) => {
-                exec::exec(&runtime, &id, &dir, &server.sock_dir(), cmd, tty, s).await
-            }
-            Err(e) => Outcome::Failed(e.to_string()),
-        }
-    };
+    let outcome = super::run_process(server, p, s).await;
     for t in tasks {
         let _ = t.await;
     }
-    let msg = if v4 {
-        exec::status_json(&outcome)
-    } else {
-        match &outcome {
-            Outcome::Exited(0) => Vec::new(),
-            Outcome::Exited(c) => format!("command terminated with exit code {c}").into_bytes(),
-            Outcome::Failed(m) => m.clone().into_bytes(),
-        }
-    };
+    let msg = super::final_status(v4, &outcome);
     if !msg.is_empty() {
         let _ = out_tx.send(encode(b64, 3, &msg)).await;
     }
