@@ -363,7 +363,9 @@ fn urls_are_checked_expire_and_sessions_leave_nothing() {
 
     // 20 concurrent sessions: all exit codes right, then no runtime exec, no extra fds.
     let fds = || list_names(std::path::Path::new("/proc/self/fd")).len();
+    let threads = || list_names(std::path::Path::new("/proc/self/task")).len();
     let before = fds();
+    let threads_before = threads();
     let urls: Vec<String> = (0..20)
         .map(|i| s.exec_url(&format!("echo {i}; exit {}", i % 4), false, false, false))
         .collect();
@@ -389,6 +391,16 @@ fn urls_are_checked_expire_and_sessions_leave_nothing() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(fds() <= before, "fds: {before} before, {} after", fds());
+    // Threads: the sessions' own are gone (a few runtime helpers may idle a while).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while threads() > threads_before + 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        threads() <= threads_before + 2,
+        "threads: {threads_before} before, {} after",
+        threads()
+    );
     let left = processes_mentioning(&format!("exec --pid-file {}", s.env.base.display()));
     assert!(left.is_empty(), "runtime exec processes left: {left:?}");
     let ps =
