@@ -274,6 +274,20 @@ fn exec_sync_output_exit_code_and_timeout() {
         "{}",
         String::from_utf8_lossy(&ps.stdout)
     );
+    // A command that leaves a background process holding its output still returns.
+    let t = Instant::now();
+    let r = exec(&rt, &id, "echo started; sleep 60 & exit 0");
+    assert_eq!((r.exit_code, r.stdout.as_slice()), (0, &b"started\n"[..]));
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "ExecSync waited for the background process"
+    );
+    // Output past the 16 MiB cap is dropped, but the command is not blocked by it.
+    let r = exec(&rt, &id, "head -c 20000000 /dev/zero; echo done >&2");
+    assert_eq!(
+        (r.stdout.len(), r.stderr.as_slice()),
+        (16 << 20, &b"done\n"[..])
+    );
     rt.stop_container(&id, Duration::ZERO).unwrap();
     let e = rt
         .exec_sync(&id, &["true".into()], Duration::ZERO)

@@ -2,7 +2,7 @@
 //! idempotent, as the CRI asks; the exit is learnt from the monitor's exit file.
 
 use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use super::create::update;
@@ -235,18 +235,10 @@ pub(crate) fn exec_sync(
     let pid_file = rec
         .dir
         .join(format!("exec-{}.pid", &crate::validate::new_id()[..12]));
-    let mut c = Command::new(&runtime.path);
-    c.arg("--root")
-        .arg(&runtime.root)
-        .arg("exec")
-        .arg("--pid-file")
-        .arg(&pid_file)
-        .arg(&rec.id)
-        .args(cmd)
-        .stdin(Stdio::null())
+    let mut c = runtime.exec_command(&rec.id, &pid_file, None, cmd);
+    c.stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .env_remove("NOTIFY_SOCKET");
+        .stderr(Stdio::piped());
     let mut child = c.spawn().map_err(|e| {
         Error::step(
             "exec in container",
@@ -254,14 +246,21 @@ pub(crate) fn exec_sync(
             HostError::io("spawn", &runtime.path, e),
         )
     })?;
+    // Each reader drains its pipe to EOF (so the command never blocks on a full pipe) and
+    // hands over chunks as they come.
     let reader = |r: Option<Box<dyn Read + Send>>| {
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
         std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(r) = r {
-                let _ = r.take(MAX_EXEC_OUTPUT as u64).read_to_end(&mut buf);
+            if let Some(mut r) = r {
+                let mut chunk = [0u8; 16 * 1024];
+                while let Ok(n) = r.read(&mut chunk) {
+                    if n == 0 || tx.send(chunk[..n].to_vec()).is_err() {
+                        break;
+                    }
+                }
             }
-            buf
-        })
+        });
+        rx
     };
     let out = reader(
         child
@@ -313,8 +312,19 @@ pub(crate) fn exec_sync(
         )));
     };
     let _ = std::fs::remove_file(&pid_file);
-    let stdout = out.join().unwrap_or_default();
-    let stderr = err.join().unwrap_or_default();
+    // A background process the command left behind may hold the pipes open forever: take
+    // what arrives until EOF or shortly after the exit, never wait for that process.
+    let until = Instant::now() + Duration::from_secs(1);
+    let collect = |rx: std::sync::mpsc::Receiver<Vec<u8>>| {
+        let mut buf = Vec::new();
+        while let Ok(chunk) = rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            let room = MAX_EXEC_OUTPUT.saturating_sub(buf.len());
+            buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        }
+        buf
+    };
+    let stdout = collect(out);
+    let stderr = collect(err);
     use std::os::unix::process::ExitStatusExt;
     let exit_code = status
         .code()

@@ -242,6 +242,35 @@ impl OciRuntime {
         self.call("update", id, c, Some(log)).map(drop)
     }
 
+    /// The command that runs `cmd` in container `id`: `sandboxd-monitor exec`, which runs the
+    /// runtime's `exec --detach` (so the process gets our stdio itself, with no copier in
+    /// between that would wait for pipes a background child keeps open), is the subreaper
+    /// that reaps it, and exits with its status. With `console`, the process gets a terminal
+    /// handed to that socket.
+    pub fn exec_command(
+        &self,
+        id: &str,
+        pid_file: &Path,
+        console: Option<&Path>,
+        cmd: &[String],
+    ) -> Command {
+        let mut c = Command::new(&self.monitor);
+        c.arg("exec")
+            .arg("--runtime")
+            .arg(&self.path)
+            .arg("--runtime-root")
+            .arg(&self.root)
+            .arg("--id")
+            .arg(id)
+            .arg("--pid-file")
+            .arg(pid_file);
+        if let Some(sock) = console {
+            c.arg("--console-socket").arg(sock);
+        }
+        c.arg("--").args(cmd).env_remove("NOTIFY_SOCKET");
+        c
+    }
+
     /// `delete --force`; a container the runtime does not know is success.
     pub fn delete(&self, id: &str, log: &Path) -> Result<(), RuntimeError> {
         let mut c = self.base(Some(log));

@@ -118,36 +118,8 @@ pub async fn exec(
         },
         None => None,
     };
-    let mut c;
-    if let Some(p) = &console {
-        // A terminal comes through the console socket, which the runtime only uses with a
-        // detached exec: the monitor's exec mode is the subreaper that reaps the process and
-        // exits with its status.
-        c = tokio::process::Command::new(&runtime.monitor);
-        c.arg("exec")
-            .arg("--runtime")
-            .arg(&runtime.path)
-            .arg("--runtime-root")
-            .arg(&runtime.root)
-            .arg("--id")
-            .arg(id)
-            .arg("--pid-file")
-            .arg(&pid_file)
-            .arg("--console-socket")
-            .arg(p)
-            .arg("--")
-            .args(cmd);
-    } else {
-        c = tokio::process::Command::new(&runtime.path);
-        c.arg("--root")
-            .arg(&runtime.root)
-            .arg("exec")
-            .arg("--pid-file")
-            .arg(&pid_file)
-            .arg(id)
-            .args(cmd);
-    }
-    c.env_remove("NOTIFY_SOCKET");
+    let mut c =
+        tokio::process::Command::from(runtime.exec_command(id, &pid_file, console.as_deref(), cmd));
     c.stdin(if streams.stdin.is_some() && !tty {
         Stdio::piped()
     } else {
