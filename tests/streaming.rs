@@ -460,6 +460,7 @@ fn attach_over_spdy_and_websocket_keeps_the_container_running() {
         server
             .exec_url(Target::Attach {
                 container_id: id.clone(),
+                tty: false,
                 stdin,
                 stdout: true,
                 stderr: true,
@@ -531,6 +532,7 @@ fn attach_over_spdy_and_websocket_keeps_the_container_running() {
     let e = server
         .exec_url(Target::Attach {
             container_id: id2,
+            tty: false,
             stdin: true,
             stdout: true,
             stderr: false,
@@ -679,4 +681,83 @@ fn streaming_over_tls() {
     // Plain HTTP to the TLS port gets nowhere.
     assert!(Client::connect(&url.replace("https://", "http://"), &["v4.channel.k8s.io"]).is_err());
     s.finish();
+}
+
+#[test]
+fn container_with_a_terminal_attach_and_resize() {
+    let env = Env::new("st-ttyctr");
+    let rt = Arc::new(env.runtime());
+    rt.images()
+        .import(&busybox::oci_layout(&env.base, IMAGE), None)
+        .unwrap();
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = tokio
+        .block_on(StreamingServer::start(
+            rt.clone(),
+            StreamingConfig::default(),
+        ))
+        .unwrap();
+    let mut pod = env.pod("st-ttyctr", false);
+    pod.log_directory = env.base.join("logs").to_string_lossy().into();
+    let sb = rt.run_pod_sandbox(&pod).unwrap();
+    let c = ContainerConfig {
+        metadata: sandboxd::ContainerMetadata {
+            name: "term".into(),
+            attempt: 0,
+        },
+        image: IMAGE.into(),
+        command: vec![
+            "sh".into(),
+            "-c".into(),
+            "tty; read x; stty size; echo got $x".into(),
+        ],
+        stdin: true,
+        tty: true,
+        log_path: "term.log".into(),
+        ..Default::default()
+    };
+    let id = rt.create_container(&sb, &c).unwrap();
+    rt.start_container(&id).unwrap();
+    // Attaching without a terminal to a container that has one is refused.
+    let no = server.exec_url(Target::Attach {
+        container_id: id.clone(),
+        tty: false,
+        stdin: true,
+        stdout: true,
+        stderr: false,
+    });
+    assert!(matches!(no, Err(Error::InvalidArgument(_))), "{no:?}");
+    let url = server
+        .exec_url(Target::Attach {
+            container_id: id.clone(),
+            tty: true,
+            stdin: true,
+            stdout: true,
+            stderr: false,
+        })
+        .unwrap();
+    let mut c1 = Client::connect(&url, &["v4.channel.k8s.io"]).unwrap();
+    let err = c1.open(&[("streamtype", "error")]);
+    let inp = c1.open(&[("streamtype", "stdin")]);
+    let out = c1.open(&[("streamtype", "stdout")]);
+    let resize = c1.open(&[("streamtype", "resize")]);
+    c1.send(resize, b"{\"Width\":120,\"Height\":30}\n", false);
+    std::thread::sleep(Duration::from_millis(300));
+    c1.send(inp, b"hi\r", false);
+    c1.wait_ended(&[err, out]);
+    let text = c1.text(out);
+    assert!(text.contains("30 120"), "{text:?}");
+    assert!(text.contains("got hi"), "{text:?}");
+    assert_eq!(status(&c1.text(err))["status"], "Success");
+    // The terminal's output reached the CRI log as stdout.
+    let log = std::fs::read_to_string(env.base.join("logs/term.log")).unwrap();
+    assert!(log.contains("stdout F /dev/pts/"), "{log}");
+    assert!(log.contains("got hi"), "{log}");
+    rt.remove_pod_sandbox(&sb).unwrap();
+    env.assert_no_leaks();
+    drop(tokio);
 }

@@ -91,6 +91,12 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
                 .join("attach")
                 .join(format!("{}.sock", &id[..16])),
         ),
+        console_socket: config.tty.then(|| {
+            rt.cfg
+                .root
+                .join("exec")
+                .join(format!("{}.console", &id[..16]))
+        }),
     };
     let entry = {
         let mut reg = lock(&rt.registry);
@@ -197,7 +203,11 @@ fn build(
             })?;
         }
     }
-    if let Some(dir) = rec.attach_socket.as_ref().and_then(|p| p.parent()) {
+    for dir in [&rec.attach_socket, &rec.console_socket]
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.parent())
+    {
         use std::os::unix::fs::DirBuilderExt;
         let _ = std::fs::DirBuilder::new()
             .recursive(true)

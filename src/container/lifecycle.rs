@@ -191,7 +191,10 @@ pub(crate) fn teardown(rt: &Runtime, entry: &ContainerEntry) -> Result<()> {
     if let Err(e) = crate::mounts::unmount_all(&rec.rootfs()) {
         errors.push(Error::step("unmount rootfs", &rec.id, e));
     }
-    if let Some(sock) = &rec.attach_socket {
+    for sock in [&rec.attach_socket, &rec.console_socket]
+        .into_iter()
+        .flatten()
+    {
         let _ = std::fs::remove_file(sock);
     }
     Error::collect(errors)?;

@@ -175,6 +175,9 @@ pub struct ContainerRecord {
     /// The monitor's attach socket (CRI Attach).
     #[serde(default)]
     pub attach_socket: Option<PathBuf>,
+    /// For a container with a terminal: where the runtime hands the pty to the monitor.
+    #[serde(default)]
+    pub console_socket: Option<PathBuf>,
 }
 
 impl ContainerRecord {
@@ -187,6 +190,7 @@ impl ContainerRecord {
     pub fn files(&self) -> crate::oci::ContainerFiles {
         let mut f = crate::oci::ContainerFiles::in_dir(&self.dir, self.log_path.clone());
         f.attach_socket = self.attach_socket.clone();
+        f.console_socket = self.console_socket.clone();
         f.stdin = match (self.config.stdin, self.config.stdin_once) {
             (false, _) => "none",
             (true, false) => "open",

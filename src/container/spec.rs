@@ -134,13 +134,6 @@ pub fn validate(c: &ContainerConfig) -> Result<()> {
     if c.image.is_empty() {
         return Err(invalid("image.image must not be empty".into()));
     }
-    if c.tty {
-        return Err(invalid(
-            "tty: a terminal for the container's own process needs attach, which this sandboxd \
-             version lacks (exec -t works)"
-                .into(),
-        ));
-    }
     if !c.working_dir.is_empty() {
         clean_abs("working_dir", &c.working_dir)?;
     }
@@ -730,7 +723,7 @@ pub fn build(i: &Inputs) -> Result<oci_spec::runtime::Spec> {
     let mut spec = json!({
         "ociVersion": "1.0.2",
         "process": {
-            "terminal": false,
+            "terminal": c.tty,
             "user": {"uid": i.user.uid, "gid": i.user.gid,
                      "additionalGids": i.user.additional_gids},
             "args": args,

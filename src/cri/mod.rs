@@ -547,17 +547,13 @@ impl RuntimeService for CriService {
         req: Request<cri::AttachRequest>,
     ) -> Result<Response<cri::AttachResponse>, Status> {
         let r = req.into_inner();
-        if r.tty {
-            return Err(Status::invalid_argument(
-                "tty: containers are created without a terminal by this sandboxd version",
-            ));
-        }
         let s = self.streaming()?;
         let id = r.container_id.clone();
         let url = self
             .blocking("Attach", &id, move |_| {
                 s.exec_url(crate::streaming::Target::Attach {
                     container_id: r.container_id,
+                    tty: r.tty,
                     stdin: r.stdin,
                     stdout: r.stdout,
                     stderr: r.stderr,

@@ -41,6 +41,8 @@ pub struct ContainerFiles {
     pub attach_socket: Option<PathBuf>,
     /// The container's stdin: `none`, `open` or `once` (see the monitor).
     pub stdin: &'static str,
+    /// Where the runtime hands over the terminal of a container that has one.
+    pub console_socket: Option<PathBuf>,
 }
 
 impl ContainerFiles {
@@ -54,6 +56,7 @@ impl ContainerFiles {
             log_path,
             attach_socket: None,
             stdin: "none",
+            console_socket: None,
         }
     }
 
@@ -181,6 +184,9 @@ impl OciRuntime {
         }
         if files.stdin != "none" {
             c.arg("--stdin").arg(files.stdin);
+        }
+        if let Some(s) = &files.console_socket {
+            c.arg("--console-socket").arg(s);
         }
         let out = self.call("create", id, c, Some(&files.runtime_log))?;
         let text = String::from_utf8_lossy(&out);

@@ -298,22 +298,48 @@ pub async fn attach(socket: &Path, mut streams: Streams) -> Outcome {
         Err(e) => return Outcome::Failed(format!("attach socket {}: {e}", socket.display())),
     };
     let (mut r, mut w) = sock.into_split();
-    let input = streams.stdin.take().map(|mut rx| {
-        tokio::spawn(async move {
+    // Frames to the monitor: stdin data (0), end of stdin (3), terminal size (4).
+    let (ftx, mut frx) = mpsc::channel::<Vec<u8>>(16);
+    let frame = |kind: u8, data: &[u8]| {
+        let mut f = vec![kind];
+        f.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        f.extend_from_slice(data);
+        f
+    };
+    let writer = tokio::spawn(async move {
+        while let Some(f) = frx.recv().await {
+            if w.write_all(&f).await.is_err() {
+                return;
+            }
+        }
+        // Keep the write half open: closing it would read as a detach.
+        std::future::pending::<()>().await;
+    });
+    let mut tasks = vec![writer];
+    if let Some(mut rx) = streams.stdin.take() {
+        let tx = ftx.clone();
+        tasks.push(tokio::spawn(async move {
             while let Some(b) = rx.recv().await {
-                let mut f = vec![0u8];
-                f.extend_from_slice(&(b.len() as u32).to_be_bytes());
-                f.extend_from_slice(&b);
-                if w.write_all(&f).await.is_err() {
+                if tx.send(frame(0, &b)).await.is_err() {
                     return;
                 }
             }
-            // The client closed its stdin.
-            let _ = w.write_all(&[3, 0, 0, 0, 0]).await;
-            // Keep the write half open: closing it would read as a detach.
-            std::future::pending::<()>().await;
-        })
-    });
+            let _ = tx.send(frame(3, &[])).await;
+        }));
+    }
+    if let Some(mut rx) = streams.resize.take() {
+        let tx = ftx.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Some(s) = rx.recv().await {
+                let mut d = s.width.to_be_bytes().to_vec();
+                d.extend_from_slice(&s.height.to_be_bytes());
+                if tx.send(frame(4, &d)).await.is_err() {
+                    return;
+                }
+            }
+        }));
+    }
+    drop(ftx);
     let (stdout, stderr) = (streams.stdout.take(), streams.stderr.take());
     let output = async {
         let mut head = [0u8; 5];
@@ -350,7 +376,7 @@ pub async fn attach(socket: &Path, mut streams: Streams) -> Outcome {
         _ = output => {}
         _ = gone => {}
     }
-    if let Some(t) = input {
+    for t in tasks {
         t.abort();
     }
     Outcome::Exited(0)

@@ -69,6 +69,8 @@ pub enum Target {
     /// Attach to the container's own stdio (through its monitor).
     Attach {
         container_id: String,
+        /// Must match whether the container has a terminal.
+        tty: bool,
         stdin: bool,
         stdout: bool,
         stderr: bool,
@@ -116,6 +118,7 @@ impl Target {
             }),
             Target::Attach {
                 container_id,
+                tty,
                 stdin,
                 stdout,
                 stderr,
@@ -123,10 +126,10 @@ impl Target {
                 container_id,
                 cmd: Vec::new(),
                 attach: true,
-                tty: false,
+                tty,
                 stdin,
                 stdout,
-                stderr,
+                stderr: stderr && !tty,
             }),
             Target::PortForward { .. } => None,
         }
@@ -308,10 +311,16 @@ impl StreamingServer {
             }
             Target::Attach {
                 container_id,
+                tty,
                 stdin,
                 stdout,
                 stderr,
             } => {
+                if *tty && *stderr {
+                    return Err(Error::InvalidArgument(
+                        "tty and stderr cannot both be set (a terminal merges them)".into(),
+                    ));
+                }
                 if !(*stdin || *stdout || *stderr) {
                     return Err(Error::InvalidArgument(
                         "one of stdin, stdout and stderr must be set".into(),
@@ -330,6 +339,13 @@ impl StreamingServer {
                         r.id
                     )));
                 }
+                if r.config.tty != *tty {
+                    return Err(Error::InvalidArgument(format!(
+                        "tty: container {} was created {} a terminal",
+                        r.id,
+                        if r.config.tty { "with" } else { "without" }
+                    )));
+                }
                 if r.attach_socket.is_none() {
                     return Err(Error::FailedPrecondition(format!(
                         "container {} has no attach socket (created by an older sandboxd)",
@@ -340,6 +356,7 @@ impl StreamingServer {
                     "attach",
                     Target::Attach {
                         container_id: r.id,
+                        tty: *tty,
                         stdin: *stdin,
                         stdout: *stdout,
                         stderr: *stderr,

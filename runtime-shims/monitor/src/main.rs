@@ -8,6 +8,7 @@
 //! Usage: sandboxd-monitor --runtime PATH --runtime-root DIR --id ID --bundle DIR
 //!   --pid-file FILE --exit-file FILE --runtime-log FILE --monitor-pid-file FILE
 //!   [--log-path FILE] [--attach-socket SOCK] [--stdin none|open|once]
+//!   [--console-socket SOCK]
 //! On success the invoked process prints the container pid and exits 0; on failure it prints
 //! the runtime's own error message on stderr and exits 1.
 //!
@@ -48,6 +49,9 @@ struct Args {
     /// `none` (stdin is /dev/null), `open` (a pipe kept open), `once` (closed when the first
     /// attach client that wrote to it goes away or closes it).
     stdin_mode: String,
+    /// The container has a terminal: the runtime hands its master to this socket, and the
+    /// monitor reads output from it and writes attach clients' input to it.
+    console_socket: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -70,6 +74,7 @@ fn parse_args() -> Result<Args, String> {
             "--log-path",
             "--attach-socket",
             "--stdin",
+            "--console-socket",
         ];
         if !known.contains(&k.as_str()) {
             return Err(format!("unknown option {k}"));
@@ -89,6 +94,7 @@ fn parse_args() -> Result<Args, String> {
         monitor_pid_file: req("--monitor-pid-file")?.into(),
         log_path: v.remove("--log-path").map(PathBuf::from),
         attach_socket: v.remove("--attach-socket").map(PathBuf::from),
+        console_socket: v.remove("--console-socket").map(PathBuf::from),
         stdin_mode: match v.remove("--stdin").as_deref() {
             None | Some("none") => "none".into(),
             Some(m @ ("open" | "once")) => m.into(),
@@ -267,15 +273,40 @@ fn monitor(args: &Args, mut report: File) -> i32 {
         }
         None => None,
     };
+    let console = match &args.console_socket {
+        Some(p) => {
+            let _ = std::fs::remove_file(p);
+            match std::os::unix::net::UnixListener::bind(p) {
+                Ok(l) => {
+                    let _ = l.set_nonblocking(true);
+                    Some(l)
+                }
+                Err(e) => return fail(&mut report, format!("console socket {}: {e}", p.display())),
+            }
+        }
+        None => None,
+    };
     let mut cmd = Command::new(&args.runtime);
-    cmd.arg("--root")
-        .arg(&args.runtime_root)
-        .arg("--log")
-        .arg(&args.runtime_log)
-        .arg("--log-format")
-        .arg("json")
-        .arg("create")
-        .arg("--bundle")
+    if let Some(p) = &args.console_socket {
+        cmd.arg("--root")
+            .arg(&args.runtime_root)
+            .arg("--log")
+            .arg(&args.runtime_log)
+            .arg("--log-format")
+            .arg("json")
+            .arg("create")
+            .arg("--console-socket")
+            .arg(p);
+    } else {
+        cmd.arg("--root")
+            .arg(&args.runtime_root)
+            .arg("--log")
+            .arg(&args.runtime_log)
+            .arg("--log-format")
+            .arg("json")
+            .arg("create");
+    }
+    cmd.arg("--bundle")
         .arg(&args.bundle)
         .arg("--pid-file")
         .arg(&args.pid_file)
@@ -297,15 +328,42 @@ fn monitor(args: &Args, mut report: File) -> i32 {
             )
         }
     };
-    let status = match child.wait() {
-        Ok(s) => s,
-        Err(e) => {
-            return fail(
-                &mut report,
-                format!("waiting for {} create: {e}", args.runtime.display()),
-            )
+    // With a terminal, the runtime connects to the console socket during create and sends
+    // the pty master; accept it while create runs.
+    let mut master: Option<OwnedFd> = None;
+    let status = loop {
+        if let (Some(l), None) = (&console, &master) {
+            if let Ok((s, _)) = l.accept() {
+                match recv_fd(&s) {
+                    Ok(fd) => master = Some(fd),
+                    Err(e) => return fail(&mut report, format!("console: {e}")),
+                }
+            }
+        }
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(2)),
+            Err(e) => {
+                return fail(
+                    &mut report,
+                    format!("waiting for {} create: {e}", args.runtime.display()),
+                )
+            }
         }
     };
+    if let (Some(l), None) = (&console, &master) {
+        if let Ok((s, _)) = l.accept() {
+            if let Ok(fd) = recv_fd(&s) {
+                master = Some(fd);
+            }
+        }
+    }
+    if let Some(p) = &args.console_socket {
+        let _ = std::fs::remove_file(p);
+    }
+    if console.is_some() && master.is_none() && status.success() {
+        return fail(&mut report, "the runtime sent no terminal".into());
+    }
     set_nonblocking(&out_r);
     set_nonblocking(&err_r);
     if !status.success() {
@@ -346,9 +404,18 @@ fn monitor(args: &Args, mut report: File) -> i32 {
     let _ = write!(report, "ok {pid}");
     drop(report);
 
+    // A terminal is the container's output and, for attach clients, its input.
+    if let Some(m) = &master {
+        set_nonblocking(m);
+        stdin_w = m.try_clone().ok();
+    }
     if let Some(w) = &stdin_w {
         set_nonblocking(w);
     }
+    let out_r = match master.as_ref().map(|m| m.try_clone()) {
+        Some(Ok(m)) => m,
+        _ => out_r,
+    };
     let mut streams = [Stream::new("stdout", out_r), Stream::new("stderr", err_r)];
     let mut exit: Option<(i32, Option<i32>, Instant, String)> = None;
     let mut clients: Vec<Attached> = Vec::new();
@@ -436,7 +503,16 @@ fn monitor(args: &Args, mut report: File) -> i32 {
                                 stdin_pending.extend_from_slice(&payload);
                             }
                         }
-                        3 if args.stdin_mode == "once" => stdin_w = None,
+                        3 if args.stdin_mode == "once" && master.is_none() => stdin_w = None,
+                        4 if payload.len() == 4 => {
+                            if let Some(m) = &master {
+                                set_winsize(
+                                    m,
+                                    u16::from_be_bytes([payload[0], payload[1]]),
+                                    u16::from_be_bytes([payload[2], payload[3]]),
+                                );
+                            }
+                        }
                         _ => {}
                     }
                 }
@@ -737,13 +813,59 @@ impl Stream {
     }
 }
 
+/// Receives one fd sent with SCM_RIGHTS (the runtime's console socket protocol).
+fn recv_fd(s: &std::os::unix::net::UnixStream) -> std::io::Result<OwnedFd> {
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+    let mut data = [0u8; 4096];
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr is plain data; zeroed is a valid initial value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    // SAFETY: msg points at buffers we own for the duration of the call.
+    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: CMSG_* walk the control buffer the kernel filled, within msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let fd = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
+                return Ok(OwnedFd::from_raw_fd(fd));
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Err(std::io::Error::other("no fd in the console message"))
+}
+
+fn set_winsize(fd: &OwnedFd, width: u16, height: u16) {
+    let ws = libc::winsize {
+        ws_row: height,
+        ws_col: width,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one winsize from the pointer, valid for the call.
+    unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+}
+
 /// Most stdin bytes held for a container that does not read them.
 const MAX_STDIN_PENDING: usize = 1 << 20;
 /// Most output bytes queued for a slow attach client before it is dropped.
 const MAX_CLIENT_QUEUE: usize = 4 << 20;
 
 /// An attach client. Frames both ways are `kind (1 byte) | length (u32 BE) | payload`:
-/// to the client 1 = stdout, 2 = stderr; from it 0 = stdin, 3 = close stdin.
+/// to the client 1 = stdout, 2 = stderr; from it 0 = stdin, 3 = close stdin, 4 = terminal
+/// size (width, height as u16 BE).
 struct Attached {
     sock: std::os::unix::net::UnixStream,
     inbuf: Vec<u8>,

@@ -132,11 +132,14 @@ enum Cmd {
         #[arg(trailing_var_arg = true, required = true)]
         cmd: Vec<String>,
     },
-    /// Attach to a running container's own stdio (until it exits or ^C); -i passes stdin.
+    /// Attach to a running container's own stdio (until it exits or ^C); -i passes stdin,
+    /// -t for a container created with a terminal.
     Attach {
         id: String,
         #[arg(long, short)]
         interactive: bool,
+        #[arg(long, short)]
+        tty: bool,
     },
     /// Forward local ports to a pod: `port-forward POD [ADDR:]LOCAL:REMOTE…` (runs until
     /// interrupted).
@@ -476,21 +479,25 @@ async fn run(cli: Cli) -> Result<(), String> {
                 std::process::exit(code);
             }
         }
-        Cmd::Attach { id, interactive } => {
+        Cmd::Attach {
+            id,
+            interactive,
+            tty,
+        } => {
             let id = containers::resolve_container(&mut c, &id).await?;
             let url = c
                 .attach(cri::AttachRequest {
                     container_id: id,
                     stdin: interactive,
-                    tty: false,
+                    tty,
                     stdout: true,
-                    stderr: true,
+                    stderr: !tty,
                 })
                 .await
                 .map_err(|s| grpc_err("Attach", s))?
                 .into_inner()
                 .url;
-            let code = tokio::task::spawn_blocking(move || streams::exec(&url, interactive, false))
+            let code = tokio::task::spawn_blocking(move || streams::exec(&url, interactive, tty))
                 .await
                 .map_err(|e| e.to_string())??;
             if code != 0 {
