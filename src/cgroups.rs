@@ -14,8 +14,14 @@ pub struct Hierarchy {
     pub controllers: Option<Vec<String>>,
 }
 
-/// Every cgroup hierarchy mounted in this mount namespace.
+/// Every cgroup hierarchy mounted in this mount namespace (read once: the layout does not
+/// change while the daemon runs).
 pub fn hierarchies() -> Vec<Hierarchy> {
+    static CACHE: std::sync::OnceLock<Vec<Hierarchy>> = std::sync::OnceLock::new();
+    CACHE.get_or_init(read_hierarchies).clone()
+}
+
+fn read_hierarchies() -> Vec<Hierarchy> {
     let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return Vec::new();
     };

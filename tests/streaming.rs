@@ -125,6 +125,16 @@ fn spdy_exec_output_exit_code_and_single_use() {
     c.send(inp, b"hello ", false);
     c.send(inp, b"spdy\n", true);
     c.wait_ended(&[err, out]);
+    // The server acknowledged the stdin data with window updates (stream and session).
+    assert_eq!(
+        c.window_updates
+            .iter()
+            .filter(|(id, _)| *id == inp)
+            .map(|(_, n)| n)
+            .sum::<u32>(),
+        11
+    );
+    assert!(c.window_updates.iter().any(|(id, _)| *id == 0));
     assert_eq!(c.text(out), "hello spdy\ndone\n");
     assert_eq!(status(&c.text(err))["status"], "Success");
 

@@ -1,8 +1,9 @@
 //! SPDY/3.1 as Kubernetes streaming clients speak it (moby/spdystream on the client side):
 //! framing, zlib header compression with the SPDY/3 dictionary (one compression context per
 //! direction per connection, a sync flush per header block), SYN_REPLY for every stream the
-//! client opens before any data on it, PING echo, GOAWAY at the end. The peer implements no
-//! flow control, so none is enforced on sends; WINDOW_UPDATE and SETTINGS are ignored.
+//! client opens before any data on it, PING echo, GOAWAY at the end. Received data is
+//! acknowledged with WINDOW_UPDATE (stream and session); the send window is not enforced,
+//! since Go's spdystream, which kubelet and kubectl use, never sends WINDOW_UPDATE.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -442,10 +443,20 @@ async fn session<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                     payload,
                 } => {
                     if !payload.is_empty() {
+                        let n = (payload.len() as u32).to_be_bytes();
                         if let Some(tx) = inbound.get(&stream) {
                             if tx.send(Bytes::from(payload)).await.is_err() {
                                 inbound.remove(&stream);
                             }
+                        }
+                        // The data is consumed: open the stream's and the session's windows
+                        // again (SPDY/3.1), for peers that do flow control.
+                        for id in [stream, 0] {
+                            reader_out.send(control(
+                                WINDOW_UPDATE,
+                                0,
+                                &[id.to_be_bytes(), n].concat(),
+                            ));
                         }
                     }
                     if flags & FLAG_FIN != 0 {

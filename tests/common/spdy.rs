@@ -21,6 +21,8 @@ pub struct Client {
     pub data: HashMap<u32, Vec<u8>>,
     pub ended: Vec<u32>,
     pub goaway: bool,
+    /// (stream, delta) of every WINDOW_UPDATE received.
+    pub window_updates: Vec<(u32, u32)>,
 }
 
 fn nv(headers: &[(&str, &str)]) -> Vec<u8> {
@@ -86,6 +88,7 @@ impl Client {
             data: HashMap::new(),
             ended: Vec::new(),
             goaway: false,
+            window_updates: Vec::new(),
         })
     }
 
@@ -194,6 +197,10 @@ impl Client {
                     .ended
                     .push(u32::from_be_bytes(body[..4].try_into().unwrap())),
                 7 => self.goaway = true,
+                9 => self.window_updates.push((
+                    u32::from_be_bytes(body[..4].try_into().unwrap()) & 0x7fff_ffff,
+                    u32::from_be_bytes(body[4..8].try_into().unwrap()),
+                )),
                 _ => {}
             }
             Some((Some(typ), body))
