@@ -202,6 +202,13 @@ fn stop_infra(rt: &Runtime, rec: &SandboxRecord, infra: &InfraRecord) -> Result<
 
 /// Waits until the monitor wrote the exit file, or (monitor gone) the process is gone.
 pub(crate) fn wait_exit(files: &ContainerFiles, pid: i32, limit: Duration) -> Result<(), String> {
+    let started = Instant::now();
+    let r = wait_exit_inner(files, pid, limit);
+    crate::process::account_wait(started.elapsed());
+    r
+}
+
+fn wait_exit_inner(files: &ContainerFiles, pid: i32, limit: Duration) -> Result<(), String> {
     let deadline = Instant::now() + limit;
     let mut delay = Duration::from_micros(200);
     loop {

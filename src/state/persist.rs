@@ -34,9 +34,16 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), HostError> {
             .map_err(|e| HostError::io("create", &tmp, e))?;
         f.write_all(data)
             .map_err(|e| HostError::io("write", &tmp, e))?;
-        f.sync_all().map_err(|e| HostError::io("fsync", &tmp, e))?;
+        f.sync_data().map_err(|e| HostError::io("fsync", &tmp, e))?;
     }
+    // Replacing an existing record needs no directory fsync: after a crash the name points at
+    // either the old complete file or the new complete one, and every record is written so
+    // that its predecessor is a state restore can finish or roll back. A new name does.
+    let replacing = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file());
     std::fs::rename(&tmp, path).map_err(|e| HostError::io("rename into", path, e))?;
+    if replacing {
+        return Ok(());
+    }
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| HostError::io("fsync dir", dir, e))
