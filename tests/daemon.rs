@@ -853,7 +853,22 @@ fn sandboxctl_containers_and_images() {
         inspect["info"]["info"]["sandbox_id"],
         serde_json::json!(pod_id)
     );
+    ctl(&[
+        "exec",
+        &id[..8],
+        "sh",
+        "-c",
+        "head -c 100000 /dev/zero > /tmp/blob",
+    ]);
     let stats: serde_json::Value = serde_json::from_str(&ctl(&["-o", "json", "stats"])).unwrap();
+    // What the container wrote lands in its writable layer.
+    assert!(
+        stats["stats"][0]["writable_layer"]["used_bytes"]["value"]
+            .as_u64()
+            .unwrap()
+            >= 100_000,
+        "{stats}"
+    );
     assert_eq!(stats["stats"][0]["attributes"]["id"], serde_json::json!(id));
     assert!(
         stats["stats"][0]["memory"]["usage_bytes"]["value"]

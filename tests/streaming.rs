@@ -512,6 +512,35 @@ fn attach_over_spdy_and_websocket_keeps_the_container_running() {
             }
         }
     }
+    // While this client holds stdin, another attacher's input is dropped.
+    let mut c3 = Client::connect(&attach(true), &["v4.channel.k8s.io"]).unwrap();
+    let _e3 = c3.open(&[("streamtype", "error")]);
+    let in3 = c3.open(&[("streamtype", "stdin")]);
+    let _o3 = c3.open(&[("streamtype", "stdout")]);
+    let _x3 = c3.open(&[("streamtype", "stderr")]);
+    c3.send(in3, b"three\n", false);
+    std::thread::sleep(Duration::from_millis(500));
+    ws.send(Message::binary(b"\x00four\n".to_vec())).unwrap();
+    let mut more = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !String::from_utf8_lossy(&more).contains("got four") {
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            String::from_utf8_lossy(&more)
+        );
+        if let Ok(Message::Binary(b)) = ws.read() {
+            if b[0] == 1 {
+                more.extend_from_slice(&b[1..]);
+            }
+        }
+    }
+    assert!(
+        !String::from_utf8_lossy(&more).contains("three"),
+        "a second writer got through: {}",
+        String::from_utf8_lossy(&more)
+    );
+    drop(c3);
     // The container exiting ends the attach with success.
     rt.stop_container(&id, Duration::ZERO).unwrap();
     let rest = ws_collect(&mut ws, false);

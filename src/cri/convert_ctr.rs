@@ -300,8 +300,22 @@ pub fn stats_to_cri(r: &ContainerRecord, u: &Usage, now: i64) -> cri::ContainerS
         }),
         cpu: Some(cpu),
         memory: Some(memory),
-        writable_layer: None,
+        writable_layer: Some(writable_layer(r, now)),
         swap: None,
+    }
+}
+
+/// What the container wrote to its rootfs: its overlay upper dir.
+fn writable_layer(r: &ContainerRecord, now: i64) -> cri::FilesystemUsage {
+    let upper = r.dir.join("upper");
+    let (bytes, inodes) = crate::state::disk_usage(&upper);
+    cri::FilesystemUsage {
+        timestamp: now,
+        fs_id: Some(cri::FilesystemIdentifier {
+            mountpoint: upper.to_string_lossy().into_owned(),
+        }),
+        used_bytes: Some(cri::UInt64Value { value: bytes }),
+        inodes_used: Some(cri::UInt64Value { value: inodes }),
     }
 }
 

@@ -223,22 +223,7 @@ impl ImageStore {
 
     /// Bytes and inodes used by the store.
     pub fn usage(&self) -> (u64, u64) {
-        fn walk(p: &Path, acc: &mut (u64, u64)) {
-            if let Ok(rd) = std::fs::read_dir(p) {
-                for e in rd.flatten() {
-                    if let Ok(m) = e.metadata() {
-                        acc.1 += 1;
-                        acc.0 += m.len();
-                        if m.is_dir() {
-                            walk(&e.path(), acc);
-                        }
-                    }
-                }
-            }
-        }
-        let mut acc = (0, 0);
-        walk(&self.dir, &mut acc);
-        acc
+        crate::state::disk_usage(&self.dir)
     }
 
     /// Imports an OCI image layout dir, an `oci-archive` tar or a `docker-archive` tar.

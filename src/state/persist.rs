@@ -49,6 +49,26 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), HostError> {
         .map_err(|e| HostError::io("fsync dir", dir, e))
 }
 
+/// Bytes and inodes used below `path` (symlinks are counted, never followed).
+pub fn disk_usage(path: &Path) -> (u64, u64) {
+    fn walk(p: &Path, acc: &mut (u64, u64)) {
+        if let Ok(rd) = std::fs::read_dir(p) {
+            for e in rd.flatten() {
+                if let Ok(m) = e.metadata() {
+                    acc.1 += 1;
+                    acc.0 += m.len();
+                    if m.is_dir() {
+                        walk(&e.path(), acc);
+                    }
+                }
+            }
+        }
+    }
+    let mut acc = (0, 0);
+    walk(path, &mut acc);
+    acc
+}
+
 /// Reads a JSON record; a missing file is `Ok(None)`, a corrupt one an error.
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, HostError> {
     match std::fs::read(path) {

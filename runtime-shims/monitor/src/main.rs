@@ -483,12 +483,13 @@ fn monitor(args: &Args, mut report: File) -> i32 {
                         sock,
                         inbuf: Vec::new(),
                         out: Vec::new(),
-                        wrote_stdin: false,
+                        owns_stdin: false,
                         gone: false,
                     });
                 }
             }
         }
+        let mut owner_present = clients.iter().any(|c| c.owns_stdin && !c.gone);
         for (k, c) in clients.iter_mut().enumerate() {
             let re = pfds.get(5 + k).map_or(0, |p| p.revents);
             if re & libc::POLLOUT != 0 {
@@ -497,13 +498,16 @@ fn monitor(args: &Args, mut report: File) -> i32 {
             if re & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
                 for (kind, payload) in c.read_frames() {
                     match kind {
-                        0 if stdin_w.is_some() => {
-                            c.wrote_stdin = true;
+                        0 if stdin_w.is_some() && (c.owns_stdin || !owner_present) => {
+                            c.owns_stdin = true;
+                            owner_present = true;
                             if stdin_pending.len() + payload.len() <= MAX_STDIN_PENDING {
                                 stdin_pending.extend_from_slice(&payload);
                             }
                         }
-                        3 if args.stdin_mode == "once" && master.is_none() => stdin_w = None,
+                        3 if args.stdin_mode == "once" && master.is_none() && c.owns_stdin => {
+                            stdin_w = None
+                        }
                         4 if payload.len() == 4 => {
                             if let Some(m) = &master {
                                 set_winsize(
@@ -519,7 +523,7 @@ fn monitor(args: &Args, mut report: File) -> i32 {
             }
         }
         // stdin_once: the first client that wrote stdin going away closes it.
-        if args.stdin_mode == "once" && clients.iter().any(|c| c.gone && c.wrote_stdin) {
+        if args.stdin_mode == "once" && clients.iter().any(|c| c.gone && c.owns_stdin) {
             stdin_w = None;
         }
         clients.retain(|c| !c.gone);
@@ -870,7 +874,9 @@ struct Attached {
     sock: std::os::unix::net::UnixStream,
     inbuf: Vec<u8>,
     out: Vec<u8>,
-    wrote_stdin: bool,
+    /// This client writes the container's stdin: the first one to send input holds it until
+    /// it goes away; input from the others is dropped.
+    owns_stdin: bool,
     gone: bool,
 }
 
