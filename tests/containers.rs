@@ -586,6 +586,10 @@ fn seccomp_privileged_and_bind_mounts() {
     let privileged = run(&rt, &sb, &c);
     let m = "mkdir -p /m && mount -t tmpfs none /m && echo mounted";
     assert_eq!(exec(&rt, &privileged, m).stdout, b"mounted\n");
+    // The host's device nodes are there for a privileged container only.
+    let has_kmsg = "test -c /dev/kmsg && echo yes || echo no";
+    assert_eq!(exec(&rt, &privileged, has_kmsg).stdout, b"yes\n");
+    assert_eq!(exec(&rt, &plain, has_kmsg).stdout, b"no\n");
     assert_ne!(exec(&rt, &plain, m).exit_code, 0);
 
     // A host device, with its cgroup rule.

@@ -272,10 +272,19 @@ fn namespaces(
     Ok(out)
 }
 
-/// Looks each requested device up on the host.
+/// Looks each requested device up on the host; a privileged container also gets every
+/// device node of the host's /dev (as containerd and CRI-O do), its own requests winning.
 fn devices(c: &ContainerConfig) -> Result<Vec<spec::DeviceNode>> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let mut out = Vec::new();
+    if c.security.privileged {
+        host_devices(std::path::Path::new("/dev"), &mut out);
+        out.retain(|d| {
+            !c.devices
+                .iter()
+                .any(|r| r.container_path == d.container_path)
+        });
+    }
     for d in &c.devices {
         let m = std::fs::metadata(&d.host_path).map_err(|e| {
             Error::InvalidArgument(format!("devices.host_path {}: {e}", d.host_path))
@@ -301,6 +310,51 @@ fn devices(c: &ContainerConfig) -> Result<Vec<spec::DeviceNode>> {
         });
     }
     Ok(out)
+}
+
+/// Every char and block device below `dir`, skipping the directories a container gets its
+/// own of (pts, shm, mqueue) and never following symlinks.
+fn host_devices(dir: &std::path::Path, out: &mut Vec<spec::DeviceNode>) {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        let Ok(m) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        let ft = m.file_type();
+        if ft.is_dir() {
+            if !matches!(
+                e.file_name().to_str(),
+                Some("pts" | "shm" | "mqueue" | ".lxc" | ".udev")
+            ) {
+                host_devices(&p, out);
+            }
+            continue;
+        }
+        let typ = if ft.is_char_device() {
+            "c"
+        } else if ft.is_block_device() {
+            "b"
+        } else {
+            continue;
+        };
+        // /dev/console is the container's own terminal, /dev/ptmx comes with devpts.
+        if p == std::path::Path::new("/dev/console") || p == std::path::Path::new("/dev/ptmx") {
+            continue;
+        }
+        let rdev = m.rdev();
+        out.push(spec::DeviceNode {
+            container_path: p.to_string_lossy().into_owned(),
+            typ: typ.to_string(),
+            major: nix::sys::stat::major(rdev) as i64,
+            minor: nix::sys::stat::minor(rdev) as i64,
+            mode: m.mode() & 0o7777,
+            permissions: "rwm".into(),
+        });
+    }
 }
 
 /// Applies `f` to the record and persists it (in memory only before the dir exists).
