@@ -229,8 +229,14 @@ impl StreamingServer {
         let s = server.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((tcp, peer)) = listener.accept().await else {
-                    continue;
+                let (tcp, peer) = match listener.accept().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Out of fds or similar: back off instead of spinning.
+                        tracing::warn!(error = %e, "streaming server cannot accept");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
                 };
                 let (s, tls) = (s.clone(), tls.clone());
                 tokio::spawn(async move {
