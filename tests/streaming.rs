@@ -169,6 +169,27 @@ fn spdy_exec_with_a_terminal_and_resize() {
     );
     assert!(text.contains("got typed"), "{text:?}");
     assert_eq!(status(&c.text(err))["status"], "Success");
+
+    // A command that cannot start ends the session with a failure instead of hanging.
+    let url = s
+        .server
+        .exec_url(Target::Exec {
+            container_id: s.container.clone(),
+            cmd: vec!["/no/such/binary".into()],
+            tty: true,
+            stdin: false,
+            stdout: true,
+            stderr: false,
+        })
+        .unwrap();
+    let t = Instant::now();
+    let mut c = Client::connect(&url, &["v4.channel.k8s.io"]).unwrap();
+    let err = c.open(&[("streamtype", "error")]);
+    let out = c.open(&[("streamtype", "stdout")]);
+    let _resize = c.open(&[("streamtype", "resize")]);
+    c.wait_ended(&[err, out]);
+    assert_eq!(status(&c.text(err))["status"], "Failure", "{}", c.text(err));
+    assert!(t.elapsed() < Duration::from_secs(20));
     s.finish();
 }
 

@@ -147,22 +147,37 @@ pub async fn exec(
     let mut tasks = Vec::new();
     let mut inputs = Vec::new();
     if let Some(listener) = listener {
-        // The runtime connects once the process exists and hands us the pty master.
-        let accepted = tokio::task::spawn_blocking(move || {
-            let (s, _) = listener.accept()?;
+        // The runtime connects once the process exists and hands us the pty master; if the
+        // exec fails first, the helper exits without connecting.
+        let accepted = async {
+            listener.set_nonblocking(true)?;
+            let l = tokio::net::UnixListener::from_std(listener)?;
+            let (s, _) = l.accept().await?;
+            let s = s.into_std()?;
+            s.set_nonblocking(false)?;
+            s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
             recv_fd(&s)
-        })
-        .await;
-        let master = match accepted {
-            Ok(Ok(fd)) => fd,
-            Ok(Err(e)) => {
-                let _ = child.kill().await;
+        };
+        let master = tokio::select! {
+            r = accepted => match r {
+                Ok(fd) => fd,
+                Err(e) => {
+                    let _ = child.kill().await;
+                    cleanup();
+                    return Outcome::Failed(format!("terminal: {e}"));
+                }
+            },
+            st = child.wait() => {
+                let mut msg = Vec::new();
+                if let Some(mut e) = runtime_err {
+                    let _ = e.read_to_end(&mut msg).await;
+                }
                 cleanup();
-                return Outcome::Failed(format!("terminal: {e}"));
-            }
-            Err(e) => {
-                cleanup();
-                return Outcome::Failed(format!("terminal: {e}"));
+                return Outcome::Failed(format!(
+                    "exec ended before its terminal was set up ({}): {}",
+                    st.map(|s| s.to_string()).unwrap_or_default(),
+                    String::from_utf8_lossy(&msg).trim()
+                ));
             }
         };
         let master = std::sync::Arc::new(master);
