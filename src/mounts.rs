@@ -152,6 +152,11 @@ pub fn unmount_all(path: &Path) -> Result<(), HostError> {
 /// so namespace bind mounts made under it propagate into mount namespaces created later.
 pub fn make_shared_dir(dir: &Path) -> Result<(), HostError> {
     std::fs::create_dir_all(dir).map_err(|e| HostError::io("create dir", dir, e))?;
+    // mountinfo names the real path (`/var/run/netns` is `/run/netns` on most hosts): compare
+    // with that, or every call would bind the dir onto itself again, and with shared
+    // propagation each bind doubles the mounts there.
+    let real = std::fs::canonicalize(dir).map_err(|e| HostError::io("resolve", dir, e))?;
+    let dir = real.as_path();
     let table = mountinfo()?;
     if let Some(m) = table.iter().rev().find(|m| m.mount_point == dir) {
         if m.optional.iter().any(|o| o.starts_with("shared:")) {

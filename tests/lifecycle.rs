@@ -383,3 +383,23 @@ fn cni_versions() {
     }
     env.assert_no_leaks();
 }
+
+/// Preparing a namespace dir reached through a symlink (as `/var/run` is on most hosts) twice
+/// must not stack mounts: each bind onto a shared mount doubles the mounts there.
+#[test]
+fn shared_dir_through_a_symlink_is_mounted_once() {
+    let env = Env::new("shareddir");
+    let real = env.base.join("real-netns");
+    let link = env.base.join("link-netns");
+    std::fs::create_dir_all(&real).unwrap();
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    for _ in 0..3 {
+        sandboxd::mounts::make_shared_dir(&link).unwrap();
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == Some(real.to_str().unwrap()))
+        .count();
+    assert_eq!(mounts, 1, "mounts stacked on {}", real.display());
+}
