@@ -193,8 +193,8 @@ fn build(
         seccomp,
         devices,
     })?;
-    oci.save(rec.dir.join("config.json"))
-        .map_err(|e| Error::step("write bundle", id, HostError::Other(e.to_string())))?;
+    crate::oci::spec::save(&oci, &rec.dir.join("config.json"))
+        .map_err(|e| Error::step("write bundle", id, e))?;
 
     if let Some(log) = &rec.log_path {
         if let Some(parent) = log.parent() {

@@ -78,10 +78,15 @@ fn mount(dest: &str, typ: &str, source: &Path, options: &[&str]) -> Result<Mount
 /// Builds the infra container's spec.
 pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
     let err = |what: &str, e: oci_spec::OciSpecError| HostError::Other(format!("{what}: {e}"));
-    let caps: HashSet<Capability> = DEFAULT_CAPABILITIES
-        .iter()
-        .map(|c| oci_capability(*c))
-        .collect();
+    static DEFAULT_SET: std::sync::OnceLock<HashSet<Capability>> = std::sync::OnceLock::new();
+    let caps = DEFAULT_SET
+        .get_or_init(|| {
+            DEFAULT_CAPABILITIES
+                .iter()
+                .map(|c| oci_capability(*c))
+                .collect()
+        })
+        .clone();
     let capabilities = LinuxCapabilitiesBuilder::default()
         .bounding(caps.clone())
         .effective(caps.clone())
@@ -305,11 +310,21 @@ pub fn is_dynamic_elf(path: &Path) -> Result<bool, HostError> {
 /// The OOM score adjustment to ask for: `wanted`, but never below the daemon's own value
 /// (a process without CAP_SYS_RESOURCE cannot lower it; containerd's restrict_oom_score_adj).
 pub fn clamp_oom_score_adj(wanted: i32) -> i32 {
-    let own = std::fs::read_to_string("/proc/self/oom_score_adj")
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok())
-        .unwrap_or(0);
+    // The daemon's own value does not change while it runs.
+    static OWN: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    let own = *OWN.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/oom_score_adj")
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .unwrap_or(0)
+    });
     wanted.max(own)
+}
+
+/// Writes a bundle's config.json (compact: the runtime is its only reader).
+pub fn save(spec: &Spec, path: &Path) -> Result<(), HostError> {
+    let data = serde_json::to_vec(spec).map_err(|e| HostError::Other(format!("OCI spec: {e}")))?;
+    std::fs::write(path, data).map_err(|e| HostError::io("write", path, e))
 }
 
 #[cfg(test)]

@@ -279,8 +279,8 @@ fn start_infra(
         oom_score_adj: spec::clamp_oom_score_adj(-998),
     })
     .map_err(|e| Error::step("generate infra spec", id, e))?;
-    s.save(infra_dir.join("config.json"))
-        .map_err(|e| Error::step("write infra bundle", id, HostError::Other(e.to_string())))?;
+    spec::save(&s, &infra_dir.join("config.json"))
+        .map_err(|e| Error::step("write infra bundle", id, e))?;
     let files = ContainerFiles::in_dir(&infra_dir, None);
     let pid = runtime
         .create(id, &infra_dir, &files)
