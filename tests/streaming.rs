@@ -24,12 +24,15 @@ struct Setup {
     container: String,
 }
 
-fn setup(name: &str, script: &str, ttl: u64) -> Setup {
+/// A runtime with the test image, a tokio runtime and a streaming server on it.
+fn server(
+    env: &Env,
+    cfg: StreamingConfig,
+) -> (Arc<Runtime>, tokio::runtime::Runtime, Arc<StreamingServer>) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter("sandboxd=debug")
         .with_test_writer()
         .try_init();
-    let env = Env::new(name);
     let rt = Arc::new(env.runtime());
     rt.images()
         .import(&busybox::oci_layout(&env.base, IMAGE), None)
@@ -39,13 +42,19 @@ fn setup(name: &str, script: &str, ttl: u64) -> Setup {
         .enable_all()
         .build()
         .unwrap();
+    let server = tokio
+        .block_on(StreamingServer::start(rt.clone(), cfg))
+        .unwrap();
+    (rt, tokio, server)
+}
+
+fn setup(name: &str, script: &str, ttl: u64) -> Setup {
+    let env = Env::new(name);
     let cfg = StreamingConfig {
         token_ttl_secs: ttl,
         ..Default::default()
     };
-    let server = tokio
-        .block_on(StreamingServer::start(rt.clone(), cfg))
-        .unwrap();
+    let (rt, tokio, server) = server(&env, cfg);
     let sandbox = rt.run_pod_sandbox(&env.pod(name, false)).unwrap();
     let c = ContainerConfig {
         metadata: sandboxd::ContainerMetadata {
@@ -452,21 +461,7 @@ fn urls_are_checked_expire_and_sessions_leave_nothing() {
 #[test]
 fn attach_over_spdy_and_websocket_keeps_the_container_running() {
     let env = Env::new("st-attach");
-    let rt = Arc::new(env.runtime());
-    rt.images()
-        .import(&busybox::oci_layout(&env.base, IMAGE), None)
-        .unwrap();
-    let tokio = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let server = tokio
-        .block_on(StreamingServer::start(
-            rt.clone(),
-            StreamingConfig::default(),
-        ))
-        .unwrap();
+    let (rt, tokio, server) = server(&env, StreamingConfig::default());
     let mut pod = env.pod("st-attach", false);
     pod.log_directory = env.base.join("logs").to_string_lossy().into();
     let sb = rt.run_pod_sandbox(&pod).unwrap();
@@ -746,21 +741,7 @@ fn streaming_over_tls() {
 #[test]
 fn container_with_a_terminal_attach_and_resize() {
     let env = Env::new("st-ttyctr");
-    let rt = Arc::new(env.runtime());
-    rt.images()
-        .import(&busybox::oci_layout(&env.base, IMAGE), None)
-        .unwrap();
-    let tokio = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let server = tokio
-        .block_on(StreamingServer::start(
-            rt.clone(),
-            StreamingConfig::default(),
-        ))
-        .unwrap();
+    let (rt, tokio, server) = server(&env, StreamingConfig::default());
     let mut pod = env.pod("st-ttyctr", false);
     pod.log_directory = env.base.join("logs").to_string_lossy().into();
     let sb = rt.run_pod_sandbox(&pod).unwrap();
