@@ -20,6 +20,26 @@ pub fn child_time() -> (Duration, u64) {
     )
 }
 
+/// Is process `pid` alive (signal 0)?
+pub fn alive(pid: i32) -> bool {
+    pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+/// SIGKILLs the process whose pid a runtime wrote to `pid_file` (an exec'd command: killing
+/// only the runtime or its helper would orphan it inside the container).
+pub fn kill_pid_file(pid_file: &std::path::Path) {
+    if let Some(pid) = std::fs::read_to_string(pid_file)
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .filter(|p| *p > 0)
+    {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
 /// Counts `d` as time spent waiting for a helper process that is not our child call (the
 /// monitor writing a container's exit), so benchmarks separate it from our own code.
 pub fn account_wait(d: Duration) {

@@ -295,17 +295,8 @@ pub(crate) fn exec_sync(
         })?),
     };
     let Some(status) = status else {
-        // Kill the exec'd process itself (killing only the runtime would orphan it inside the
-        // container), then the runtime.
-        if let Some(pid) = std::fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|s| s.trim().parse::<i32>().ok())
-        {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+        // The exec'd process itself first, then its helper.
+        crate::process::kill_pid_file(&pid_file);
         let _ = child.kill();
         let _ = child.wait();
         let _ = std::fs::remove_file(&pid_file);

@@ -90,9 +90,7 @@ pub(crate) fn reconcile(rt: &Runtime) {
         let rec = lock(&entry.record).clone();
         if matches!(rec.state, ContainerState::Running | ContainerState::Created) {
             let files = rec.files();
-            let monitor_alive = files.monitor_pid().is_some_and(|p| {
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None).is_ok()
-            });
+            let monitor_alive = files.monitor_pid().is_some_and(crate::process::alive);
             if !monitor_alive && files.exit().is_none() {
                 tracing::warn!(container_id = %rec.id, "container's monitor vanished while the daemon was down");
                 let _ = update(&entry, |r| {

@@ -215,8 +215,8 @@ fn wait_exit_inner(files: &ContainerFiles, pid: i32, limit: Duration) -> Result<
         if files.exit().is_some() {
             return Ok(());
         }
-        let monitor_alive = files.monitor_pid().is_some_and(alive);
-        if !monitor_alive && (pid <= 0 || !alive(pid)) {
+        let monitor_alive = files.monitor_pid().is_some_and(crate::process::alive);
+        if !monitor_alive && !crate::process::alive(pid) {
             return Ok(());
         }
         if Instant::now() >= deadline {
@@ -225,8 +225,4 @@ fn wait_exit_inner(files: &ContainerFiles, pid: i32, limit: Duration) -> Result<
         std::thread::sleep(delay);
         delay = (delay * 2).min(Duration::from_millis(20));
     }
-}
-
-fn alive(pid: i32) -> bool {
-    pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
 }

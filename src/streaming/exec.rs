@@ -268,7 +268,7 @@ pub async fn exec(
                 s = child.wait() => s,
                 Ok(()) = gone => {
                     // Kill the process itself: killing the runtime alone would orphan it.
-                    kill_pid_file(&pid_file);
+                    crate::process::kill_pid_file(&pid_file);
                     child.wait().await
                 }
             }
@@ -413,17 +413,34 @@ pub fn terminal_size(fd: &impl AsRawFd) -> Option<TermSize> {
     })
 }
 
-/// Kills the exec'd process named by a pid file (the client went away).
-pub fn kill_pid_file(pid_file: &Path) {
-    if let Some(pid) = std::fs::read_to_string(pid_file)
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok())
-    {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
+/// Copies between a forwarded TCP connection and a client stream until both directions end:
+/// `inbound` is what the client sends, `send` delivers what the pod answers (false = gone).
+pub async fn pump<F, Fut>(
+    tcp: tokio::net::TcpStream,
+    mut inbound: mpsc::Receiver<Bytes>,
+    mut send: F,
+) where
+    F: FnMut(Bytes) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let (mut r, mut w) = tcp.into_split();
+    let up = async move {
+        while let Some(b) = inbound.recv().await {
+            if w.write_all(&b).await.is_err() {
+                break;
+            }
+        }
+        let _ = w.shutdown().await;
+    };
+    let down = async {
+        let mut buf = vec![0u8; 32 * 1024];
+        while let Ok(n) = r.read(&mut buf).await {
+            if n == 0 || !send(Bytes::copy_from_slice(&buf[..n])).await {
+                break;
+            }
+        }
+    };
+    tokio::join!(up, down);
 }
 
 /// Connects to `127.0.0.1:port` inside the network namespace at `netns` (`None` = the host's):

@@ -280,7 +280,7 @@ impl StreamingServer {
 
     /// Checks an exec request and issues its URL.
     pub fn exec_url(&self, target: Target) -> Result<String> {
-        match &target {
+        match target {
             Target::Exec {
                 container_id,
                 cmd,
@@ -292,28 +292,19 @@ impl StreamingServer {
                 if cmd.is_empty() {
                     return Err(Error::InvalidArgument("cmd must not be empty".into()));
                 }
-                if !(*stdin || *stdout || *stderr) {
-                    return Err(Error::InvalidArgument(
-                        "one of stdin, stdout and stderr must be set".into(),
-                    ));
-                }
-                if *tty && *stderr {
-                    return Err(Error::InvalidArgument(
-                        "tty and stderr cannot both be set (a terminal merges them)".into(),
-                    ));
-                }
-                let r = self.rt.container_status(container_id)?;
-                if r.state != ContainerState::Running {
-                    return Err(Error::FailedPrecondition(format!(
-                        "container {} is not running ({:?})",
-                        r.id, r.state
-                    )));
-                }
-                let mut t = target.clone();
-                if let Target::Exec { container_id, .. } = &mut t {
-                    *container_id = r.id;
-                }
-                Ok(self.issue("exec", t))
+                check_stdio(tty, stdin, stdout, stderr)?;
+                let r = self.running_container(&container_id)?;
+                Ok(self.issue(
+                    "exec",
+                    Target::Exec {
+                        container_id: r.id,
+                        cmd,
+                        tty,
+                        stdin,
+                        stdout,
+                        stderr,
+                    },
+                ))
             }
             Target::Attach {
                 container_id,
@@ -322,30 +313,15 @@ impl StreamingServer {
                 stdout,
                 stderr,
             } => {
-                if *tty && *stderr {
-                    return Err(Error::InvalidArgument(
-                        "tty and stderr cannot both be set (a terminal merges them)".into(),
-                    ));
-                }
-                if !(*stdin || *stdout || *stderr) {
-                    return Err(Error::InvalidArgument(
-                        "one of stdin, stdout and stderr must be set".into(),
-                    ));
-                }
-                let r = self.rt.container_status(container_id)?;
-                if r.state != ContainerState::Running {
-                    return Err(Error::FailedPrecondition(format!(
-                        "container {} is not running ({:?})",
-                        r.id, r.state
-                    )));
-                }
-                if *stdin && !r.config.stdin {
+                check_stdio(tty, stdin, stdout, stderr)?;
+                let r = self.running_container(&container_id)?;
+                if stdin && !r.config.stdin {
                     return Err(Error::InvalidArgument(format!(
                         "stdin: container {} was not created with stdin",
                         r.id
                     )));
                 }
-                if r.config.tty != *tty {
+                if r.config.tty != tty {
                     return Err(Error::InvalidArgument(format!(
                         "tty: container {} was created {} a terminal",
                         r.id,
@@ -362,30 +338,48 @@ impl StreamingServer {
                     "attach",
                     Target::Attach {
                         container_id: r.id,
-                        tty: *tty,
-                        stdin: *stdin,
-                        stdout: *stdout,
-                        stderr: *stderr,
+                        tty,
+                        stdin,
+                        stdout,
+                        stderr,
                     },
                 ))
             }
             Target::PortForward { sandbox_id, ports } => {
-                let s = self.rt.pod_sandbox_status(sandbox_id)?;
-                if s.state != crate::SandboxState::Ready {
-                    return Err(Error::FailedPrecondition(format!(
-                        "sandbox {} is not ready",
-                        s.id
-                    )));
-                }
+                let s = self.ready_sandbox(&sandbox_id)?;
                 Ok(self.issue(
                     "portforward",
                     Target::PortForward {
                         sandbox_id: s.id,
-                        ports: ports.clone(),
+                        ports,
                     },
                 ))
             }
         }
+    }
+
+    /// The container's record, if it is running (checked when a URL is issued and again when
+    /// its session starts).
+    fn running_container(&self, id: &str) -> Result<crate::ContainerRecord> {
+        let r = self.rt.container_status(id)?;
+        if r.state != ContainerState::Running {
+            return Err(Error::FailedPrecondition(format!(
+                "container {} is not running ({:?})",
+                r.id, r.state
+            )));
+        }
+        Ok(r)
+    }
+
+    fn ready_sandbox(&self, id: &str) -> Result<crate::SandboxRecord> {
+        let r = self.rt.sandbox_record(id)?;
+        if r.state != crate::SandboxState::Ready {
+            return Err(Error::FailedPrecondition(format!(
+                "sandbox {} is not ready",
+                r.id
+            )));
+        }
+        Ok(r)
     }
 
     fn issue(&self, kind: &str, target: Target) -> String {
@@ -451,13 +445,7 @@ impl StreamingServer {
         &self,
         container_id: &str,
     ) -> Result<(crate::oci::OciRuntime, PathBuf, String)> {
-        let r = self.rt.container_status(container_id)?;
-        if r.state != ContainerState::Running {
-            return Err(Error::FailedPrecondition(format!(
-                "container {} is not running",
-                r.id
-            )));
-        }
+        let r = self.running_container(container_id)?;
         let runtime = self.rt.handler(&r.runtime_handler)?.clone();
         Ok((runtime, r.dir.clone(), r.id))
     }
@@ -474,7 +462,7 @@ impl StreamingServer {
 
     /// The attach socket of a running container.
     pub(crate) fn attach_socket(&self, container_id: &str) -> Result<PathBuf> {
-        let r = self.rt.container_status(container_id)?;
+        let r = self.running_container(container_id)?;
         r.attach_socket.ok_or_else(|| {
             Error::FailedPrecondition(format!("container {} has no attach socket", r.id))
         })
@@ -482,15 +470,23 @@ impl StreamingServer {
 
     /// The netns of a ready sandbox (`None` for host network).
     pub(crate) fn pod_netns(&self, sandbox_id: &str) -> Result<Option<PathBuf>> {
-        let r = self.rt.sandbox_record(sandbox_id)?;
-        if r.state != crate::SandboxState::Ready {
-            return Err(Error::FailedPrecondition(format!(
-                "sandbox {} is not ready",
-                r.id
-            )));
-        }
-        Ok(r.netns.clone())
+        Ok(self.ready_sandbox(sandbox_id)?.netns)
     }
+}
+
+/// Which streams a session may ask for: at least one, and no stderr beside a terminal.
+fn check_stdio(tty: bool, stdin: bool, stdout: bool, stderr: bool) -> Result<()> {
+    if !(stdin || stdout || stderr) {
+        return Err(Error::InvalidArgument(
+            "one of stdin, stdout and stderr must be set".into(),
+        ));
+    }
+    if tty && stderr {
+        return Err(Error::InvalidArgument(
+            "tty and stderr cannot both be set (a terminal merges them)".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The TLS acceptor for the configured certificate and key, if any.

@@ -649,7 +649,14 @@ async fn run_portforward(
                     return;
                 };
                 match exec::connect_in_netns(netns, port).await {
-                    Ok(tcp) => copy_stream(&out, data.id, data.inbound, tcp).await,
+                    Ok(tcp) => {
+                        let id = data.id;
+                        exec::pump(tcp, data.inbound, |b| {
+                            let ok = out.data(id, &b);
+                            async move { ok }
+                        })
+                        .await
+                    }
                     Err(e) => {
                         let msg = serde_json::json!({
                             "closeConnection": true,
@@ -666,33 +673,6 @@ async fn run_portforward(
     for t in tasks {
         t.abort();
     }
-}
-
-/// Copies a data stream to and from a TCP connection until both directions end.
-async fn copy_stream(
-    out: &Out,
-    stream: u32,
-    mut inbound: mpsc::Receiver<Bytes>,
-    tcp: tokio::net::TcpStream,
-) {
-    let (mut r, mut w) = tcp.into_split();
-    let up = async move {
-        while let Some(b) = inbound.recv().await {
-            if w.write_all(&b).await.is_err() {
-                break;
-            }
-        }
-        let _ = w.shutdown().await;
-    };
-    let down = async {
-        let mut buf = vec![0u8; 32 * 1024];
-        while let Ok(n) = r.read(&mut buf).await {
-            if n == 0 || !out.data(stream, &buf[..n]) {
-                break;
-            }
-        }
-    };
-    tokio::join!(up, down);
 }
 
 #[cfg(test)]

@@ -291,32 +291,18 @@ async fn run_portforward(
         for ch in [data_ch, err_ch] {
             let _ = out_tx.send(encode(b64, ch, &port.to_le_bytes())).await;
         }
-        let (tx, mut rx) = mpsc::channel::<Bytes>(64);
+        let (tx, rx) = mpsc::channel::<Bytes>(64);
         inbound.push(tx);
         let (out, netns, port, sandbox_id) =
             (out_tx.clone(), netns.clone(), *port, sandbox_id.to_string());
         tasks.push(tokio::spawn(async move {
             match exec::connect_in_netns(netns, port).await {
                 Ok(tcp) => {
-                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                    let (mut r, mut w) = tcp.into_split();
-                    let up = async move {
-                        while let Some(b) = rx.recv().await {
-                            if w.write_all(&b).await.is_err() {
-                                break;
-                            }
-                        }
-                        let _ = w.shutdown().await;
-                    };
-                    let down = async {
-                        let mut buf = vec![0u8; 32 * 1024];
-                        while let Ok(n) = r.read(&mut buf).await {
-                            if n == 0 || out.send(encode(b64, data_ch, &buf[..n])).await.is_err() {
-                                break;
-                            }
-                        }
-                    };
-                    tokio::join!(up, down);
+                    exec::pump(tcp, rx, |b| {
+                        let out = out.clone();
+                        async move { out.send(encode(b64, data_ch, &b)).await.is_ok() }
+                    })
+                    .await
                 }
                 Err(e) => {
                     let msg = format!("error forwarding port {port} to pod {sandbox_id}: {e}");
