@@ -13,7 +13,7 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use serde::Deserialize;
 use tonic::transport::Channel;
 
-use super::{ago, grpc_err, EnumJson};
+use super::{ago, grpc_err, print_list, short, EnumJson};
 
 #[derive(Subcommand, Debug)]
 pub enum ImagesCmd {
@@ -71,10 +71,7 @@ pub async fn images(ch: &Channel, cmd: ImagesCmd, json: bool) -> Result<(), Stri
                 .into_inner()
                 .images;
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&serde_json::json!({ "images": images })).unwrap()
-                );
+                print_list("images", &images);
             } else if quiet {
                 images.iter().for_each(|i| println!("{}", i.id));
             } else {
@@ -87,12 +84,7 @@ pub async fn images(ch: &Channel, cmd: ImagesCmd, json: bool) -> Result<(), Stri
                         i.repo_tags.clone()
                     };
                     for n in names {
-                        println!(
-                            "{:<50}  {:<13}  {:.1}MB",
-                            n,
-                            &id[..13.min(id.len())],
-                            i.size as f64 / 1e6
-                        );
+                        println!("{:<50}  {:<13}  {:.1}MB", n, short(id), i.size as f64 / 1e6);
                     }
                 }
             }
@@ -194,10 +186,7 @@ pub async fn ps(
         .into_inner()
         .containers;
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({ "containers": list })).unwrap()
-        );
+        print_list("containers", &list);
     } else if quiet {
         list.iter().for_each(|x| println!("{}", x.id));
     } else {
@@ -212,13 +201,13 @@ pub async fn ps(
                 .unwrap_or_default();
             println!(
                 "{:<13}  {:<30}  {:<16}  {:<17}  {:<20}  {:<7}  {}",
-                &x.id[..13.min(x.id.len())],
+                short(&x.id),
                 x.image.map(|i| i.image).unwrap_or_default(),
                 ago(x.created_at),
                 state,
                 m.name,
                 m.attempt,
-                &x.pod_sandbox_id[..13.min(x.pod_sandbox_id.len())]
+                short(&x.pod_sandbox_id)
             );
         }
     }

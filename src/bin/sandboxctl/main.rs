@@ -329,10 +329,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                 .filter(|p| id.as_ref().is_none_or(|i| p.id.starts_with(i.as_str())))
                 .collect();
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&serde_json::json!({ "items": items })).unwrap()
-                );
+                print_list("items", &items);
             } else if quiet {
                 items.iter().for_each(|p| println!("{}", p.id));
             } else {
@@ -349,7 +346,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                     };
                     println!(
                         "{:<13}  {:<20}  {:<10}  {:<24}  {:<16}  {:<7}  {}",
-                        &p.id[..13.min(p.id.len())],
+                        short(&p.id),
                         ago(p.created_at),
                         state,
                         m.name,
@@ -572,10 +569,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                 .into_inner()
                 .stats;
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&serde_json::json!({ "stats": stats })).unwrap()
-                );
+                print_list("stats", &stats);
             } else {
                 println!(
                     "{:<13}  {:<20}  {:>14}  {:>12}",
@@ -593,7 +587,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                         .map_or(0.0, |v| v.value as f64 / 1048576.0);
                     println!(
                         "{:<13}  {:<20}  {:>14.3}  {:>12.1}",
-                        &a.id[..13.min(a.id.len())],
+                        short(&a.id),
                         a.metadata.unwrap_or_default().name,
                         cpu,
                         mem
@@ -688,6 +682,19 @@ async fn resolve(c: &mut RuntimeServiceClient<Channel>, prefix: &str) -> Result<
         1 => Ok(hits[0].id.clone()),
         n => Err(format!("id prefix {prefix:?} is ambiguous ({n} pods)")),
     }
+}
+
+/// The first 13 characters of an id, as tables show it.
+fn short(id: &str) -> &str {
+    &id[..13.min(id.len())]
+}
+
+/// `{"<key>": [items]}` as pretty JSON (crictl's `-o json` shape).
+fn print_list<T: serde::Serialize>(key: &str, items: &T) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&serde_json::json!({ key: items })).unwrap()
+    );
 }
 
 fn ago(created_ns: i64) -> String {
@@ -971,7 +978,7 @@ mod bench {
         let left = c
             .list_pod_sandbox(cri::ListPodSandboxRequest {
                 filter: Some(cri::PodSandboxFilter {
-                    label_selector: sel,
+                    label_selector: sel.clone(),
                     ..Default::default()
                 }),
             })
@@ -980,8 +987,6 @@ mod bench {
             .into_inner()
             .items
             .len();
-        let mut sel = HashMap::new();
-        sel.insert("sandboxctl-bench".to_string(), run_id.clone());
         let left_containers = c
             .list_containers(cri::ListContainersRequest {
                 filter: Some(cri::ContainerFilter {
