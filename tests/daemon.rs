@@ -95,6 +95,24 @@ impl Drop for Daemon {
     }
 }
 
+/// `sandboxctl -r EP ARGS…`.
+fn sandboxctl(ep: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sandboxctl"));
+    c.arg("-r").arg(ep).args(args);
+    c
+}
+
+/// Runs sandboxctl, asserts it succeeded and returns its stdout.
+fn sandboxctl_ok(ep: &str, args: &[&str]) -> String {
+    let out = sandboxctl(ep, args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "sandboxctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 async fn channel(socket: &Path) -> Channel {
     sandboxd::cri::client::connect(&socket.to_string_lossy(), Duration::from_secs(60))
         .await
@@ -715,20 +733,7 @@ fn sandboxctl_drives_the_daemon() {
     let env = Env::new("e2ectl");
     let d = Daemon::start(&env);
     let ep = format!("unix://{}", d.socket.display());
-    let ctl = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_sandboxctl"))
-            .arg("-r")
-            .arg(&ep)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "sandboxctl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let ctl = |args: &[&str]| sandboxctl_ok(&ep, args);
     let pod = env.base.join("pod.json");
     std::fs::write(
         &pod,
@@ -771,23 +776,8 @@ fn sandboxctl_containers_and_images() {
     let env = Env::new("e2ectr");
     let d = Daemon::start(&env);
     let ep = format!("unix://{}", d.socket.display());
-    let ctl_out = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_sandboxctl"))
-            .arg("-r")
-            .arg(&ep)
-            .args(args)
-            .output()
-            .unwrap()
-    };
-    let ctl = |args: &[&str]| {
-        let out = ctl_out(args);
-        assert!(
-            out.status.success(),
-            "sandboxctl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let ctl_out = |args: &[&str]| sandboxctl(&ep, args).output().unwrap();
+    let ctl = |args: &[&str]| sandboxctl_ok(&ep, args);
     let archive = busybox::docker_archive(&env.base, "sandboxd.test/busybox:e2e");
     let root = env.cfg.root.to_string_lossy().into_owned();
     assert!(ctl(&[
@@ -901,14 +891,7 @@ fn sandboxctl_pulls_with_credentials() {
     reg.push_busybox("app/busybox", "v1", Some(user));
     let d = Daemon::start(&env);
     let ep = format!("unix://{}", d.socket.display());
-    let ctl = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_sandboxctl"))
-            .arg("-r")
-            .arg(&ep)
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let ctl = |args: &[&str]| sandboxctl(&ep, args).output().unwrap();
     let name = format!("{}/app/busybox:v1", reg.addr);
     let out = ctl(&["pull", &name]);
     assert!(!out.status.success());
@@ -1059,20 +1042,8 @@ fn sandboxctl_exec_interactive_and_port_forward() {
     let ep = format!("unix://{}", d.socket.display());
     let layout = busybox::oci_layout(&env.base, "sandboxd.test/busybox:streams");
     let root = env.cfg.root.to_string_lossy().into_owned();
-    let ctl_cmd = |args: &[&str]| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_sandboxctl"));
-        c.arg("-r").arg(&ep).args(args);
-        c
-    };
-    let ctl = |args: &[&str]| {
-        let out = ctl_cmd(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let ctl_cmd = |args: &[&str]| sandboxctl(&ep, args);
+    let ctl = |args: &[&str]| sandboxctl_ok(&ep, args);
     let with_stdin = |args: &[&str], input: &[u8]| {
         let mut child = ctl_cmd(args)
             .stdin(Stdio::piped())
@@ -1206,20 +1177,7 @@ fn containers_survive_daemon_kill9() {
     let env = Env::new("e2ectr9");
     let mut d = Daemon::start(&env);
     let ep = format!("unix://{}", d.socket.display());
-    let ctl = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_sandboxctl"))
-            .arg("-r")
-            .arg(&ep)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "sandboxctl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let ctl = |args: &[&str]| sandboxctl_ok(&ep, args);
     let layout = busybox::oci_layout(&env.base, "sandboxd.test/busybox:k9");
     let root = env.cfg.root.to_string_lossy().into_owned();
     ctl(&[
