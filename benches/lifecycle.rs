@@ -5,7 +5,9 @@
 //! child processes (runtime, plugins, monitor) and our own time per phase, and the idle RSS
 //! of a monitor and a pause process. Run it with `scripts/bench`, which records the result.
 //!
-//! Usage: cargo bench --bench lifecycle -- [--pods N]
+//! Usage: cargo bench --bench lifecycle -- [--pods N] [--infra yes|no] [--conc C]
+//! (`--infra`/`--conc` run one row only; `SANDBOXD_BENCH_LOG=debug` prints the library's
+//! tracing, e.g. each CNI plugin call's duration, to stderr.)
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -136,11 +138,21 @@ fn rss_kib(pid: &str) -> u64 {
 
 fn main() {
     let mut pods = 60usize;
+    let (mut only_infra, mut only_conc) = (None, None);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        if a == "--pods" {
-            pods = args.next().and_then(|v| v.parse().ok()).expect("--pods N");
+        match a.as_str() {
+            "--pods" => pods = args.next().and_then(|v| v.parse().ok()).expect("--pods N"),
+            "--infra" => only_infra = Some(args.next().as_deref() == Some("yes")),
+            "--conc" => only_conc = args.next().and_then(|v| v.parse::<usize>().ok()),
+            _ => {}
         }
+    }
+    if let Ok(filter) = std::env::var("SANDBOXD_BENCH_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
     }
     let base = PathBuf::from(format!("/tmp/sandboxd-bench-{}", std::process::id()));
     std::fs::create_dir_all(&base).unwrap();
@@ -177,7 +189,13 @@ fn main() {
     println!("| pods | infra process | concurrency | sandboxes/s | run p50/p90/p99 ms | status p50 ms | stop p50/p90/p99 ms | remove p50/p90/p99 ms | lifecycle ms (wall/pod) | child-process share | own code p50 ms (run/status/stop/remove) |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for infra in [false, true] {
+        if only_infra.is_some_and(|o| o != infra) {
+            continue;
+        }
         for conc in [1usize, 4, 16] {
+            if only_conc.is_some_and(|c| c != conc) {
+                continue;
+            }
             let (s, wall, share) = run_config(&rt, pods, conc, infra);
             // Child time is a process-wide counter: per-phase own time is exact only when
             // one lifecycle runs at a time.

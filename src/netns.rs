@@ -33,14 +33,29 @@ pub struct PinRequest {
 
 /// Creates and pins the requested namespaces. On error nothing requested is left behind.
 pub fn pin(req: &PinRequest) -> Result<(), HostError> {
+    pin_in_background(req)?.wait()
+}
+
+/// Namespaces being pinned on their own thread while the caller goes on (RunPodSandbox writes
+/// the record that names them meanwhile); [`Pinning::wait`] returns what [`pin`] would.
+pub struct Pinning(std::thread::JoinHandle<Result<(), HostError>>);
+
+impl Pinning {
+    pub fn wait(self) -> Result<(), HostError> {
+        self.0
+            .join()
+            .map_err(|_| HostError::Other("namespace thread panicked".into()))?
+    }
+}
+
+/// Starts [`pin`]'s work on a dedicated thread and returns at once.
+pub fn pin_in_background(req: &PinRequest) -> Result<Pinning, HostError> {
     let req = req.clone();
-    let handle = std::thread::Builder::new()
+    std::thread::Builder::new()
         .name("ns-pin".into())
         .spawn(move || pin_on_this_thread(&req))
-        .map_err(|e| HostError::Other(format!("cannot start namespace thread: {e}")))?;
-    handle
-        .join()
-        .map_err(|_| HostError::Other("namespace thread panicked".into()))?
+        .map(Pinning)
+        .map_err(|e| HostError::Other(format!("cannot start namespace thread: {e}")))
 }
 
 fn pin_on_this_thread(req: &PinRequest) -> Result<(), HostError> {

@@ -53,11 +53,20 @@ pub(super) fn invoke(
         .env("CNI_PATH", join_dirs(&cni.bin_dirs))
         .env("CNI_ARGS", att.cni_args());
     let stdin = serde_json::to_vec(conf).unwrap_or_default();
+    let started = std::time::Instant::now();
     let out = crate::process::run(cmd, &stdin, cni.timeout).map_err(|source| CniError::Run {
         plugin: typ.to_string(),
         command,
         source,
     })?;
+    tracing::debug!(
+        container_id = %att.container_id,
+        plugin = typ,
+        command,
+        elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
+        status = %out.status,
+        "CNI plugin returned"
+    );
     let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
     if !out.status.success() {
         let parsed: Option<Value> = serde_json::from_slice(&out.stdout).ok();

@@ -1,5 +1,6 @@
-//! RunPodSandbox: validate → reserve name → record `creating` → sandbox dir → namespaces →
-//! CNI ADD → shm → infra (only when needed) → record `ready`. A failure undoes every earlier
+//! RunPodSandbox: validate → reserve name → sandbox dir → record `creating` (while the
+//! namespaces are pinned on another thread) → CNI ADD → shm → infra (only when needed) →
+//! record `ready`. A failure undoes every earlier
 //! step, newest first (the teardown reads the record, which names each resource before it is
 //! created), and releases the name.
 
@@ -198,23 +199,41 @@ fn create(
     // Record first: the dir holds the record, and the record names everything to come.
     std::fs::create_dir(&dir)
         .map_err(|e| Error::step("create sandbox dir", &id, HostError::io("create", &dir, e)))?;
-    update(entry, |r| intents(rt, config, plan, r))?;
+    note(entry, |r| intents(rt, config, plan, r));
     let rec = lock(&entry.record).clone();
-    failpoint::hit("run:recorded");
-
-    write_sandbox_files(&dir, config, &plan.hostname)
-        .map_err(|e| Error::step("write sandbox files", &id, e))?;
-    failpoint::hit("run:dir");
 
     // Namespaces: the network one unless host network; IPC and UTS pinned too when no infra
-    // process will hold them.
+    // process will hold them. They are pinned on their own thread while the record that names
+    // them is made durable: they are kernel objects under our own dirs, gone after a reboot,
+    // and after a crash the start-up sweep removes any that no record names (their files
+    // carry this root's prefix). Everything that outlives the node's memory (the CNI
+    // network's IPAM state, runtime containers) comes after both.
     let pin = crate::netns::PinRequest {
         net: rec.netns.clone(),
         ipc: rec.ipcns.clone(),
         uts: rec.utsns.clone(),
         hostname: Some(plan.hostname.clone()),
     };
-    crate::netns::pin(&pin).map_err(|e| Error::step("create namespaces", &id, e))?;
+    let pinning =
+        crate::netns::pin_in_background(&pin).map_err(|e| Error::step("create namespaces", &id, e));
+    let recorded = update(entry, |_| {});
+    if recorded.is_ok() {
+        failpoint::hit("run:recorded");
+    }
+    let files = recorded.and_then(|()| {
+        write_sandbox_files(&dir, config, &plan.hostname)
+            .map_err(|e| Error::step("write sandbox files", &id, e))
+    });
+    if files.is_ok() {
+        failpoint::hit("run:dir");
+    }
+    // Wait for the namespaces even when the record failed: the rollback removes them.
+    let pinned = pinning.and_then(|p| {
+        p.wait()
+            .map_err(|e| Error::step("create namespaces", &id, e))
+    });
+    files?;
+    pinned?;
     failpoint::hit("run:netns");
 
     if let Some(cache) = &rec.network.cache {
