@@ -122,11 +122,20 @@ impl OciRuntime {
         log: Option<&Path>,
     ) -> Result<Vec<u8>, RuntimeError> {
         cmd.env_remove("NOTIFY_SOCKET");
+        let started = std::time::Instant::now();
         let out = process::run(cmd, b"", self.timeout).map_err(|source| RuntimeError::Run {
             runtime: self.name.clone(),
             op,
             source,
         })?;
+        tracing::debug!(
+            container_id = id,
+            runtime = %self.name,
+            op,
+            elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
+            status = %out.status,
+            "runtime call returned"
+        );
         if out.status.success() {
             return Ok(out.stdout);
         }

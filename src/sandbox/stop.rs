@@ -209,8 +209,9 @@ pub(crate) fn wait_exit(files: &ContainerFiles, pid: i32, limit: Duration) -> Re
 }
 
 fn wait_exit_inner(files: &ContainerFiles, pid: i32, limit: Duration) -> Result<(), String> {
-    let deadline = Instant::now() + limit;
-    let mut delay = Duration::from_micros(200);
+    let started = Instant::now();
+    let deadline = started + limit;
+    let mut delay = Duration::from_micros(100);
     loop {
         if files.exit().is_some() {
             return Ok(());
@@ -223,6 +224,13 @@ fn wait_exit_inner(files: &ContainerFiles, pid: i32, limit: Duration) -> Result<
             return Err(format!("process {pid} did not exit within {limit:?}"));
         }
         std::thread::sleep(delay);
-        delay = (delay * 2).min(Duration::from_millis(20));
+        // A killed process is usually reaped and recorded within a few ms: check every ms at
+        // first, then back off to 20 ms for one that takes its time.
+        let cap = if started.elapsed() < Duration::from_millis(100) {
+            Duration::from_millis(1)
+        } else {
+            Duration::from_millis(20)
+        };
+        delay = (delay * 2).min(cap);
     }
 }

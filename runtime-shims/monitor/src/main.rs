@@ -213,6 +213,32 @@ fn main() {
     }
 }
 
+/// A pidfd for `pid` (Linux ≥ 5.3), readable once the process has exited.
+fn pidfd_open(pid: libc::pid_t) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    // SAFETY: a non-negative return is a fresh fd that nothing else owns.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Sleeps until `a` or `b` is readable (EINTR and errors just return: callers re-check).
+fn wait_readable(a: RawFd, b: Option<RawFd>) {
+    let mut pfds = [
+        libc::pollfd {
+            fd: a,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: b.unwrap_or(-1),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: `pfds` is a valid array of two pollfds (a negative fd is ignored by poll).
+    unsafe { libc::poll(pfds.as_mut_ptr(), 2, -1) };
+}
+
 fn die(msg: &str) -> ! {
     eprintln!("sandboxd-monitor: {msg}");
     std::process::exit(1)
@@ -329,7 +355,9 @@ fn monitor(args: &Args, mut report: File) -> i32 {
         }
     };
     // With a terminal, the runtime connects to the console socket during create and sends
-    // the pty master; accept it while create runs.
+    // the pty master; accept it while create runs. Sleep until create exits or the console
+    // connects (a pidfd says when the child exits; without one, poll every 2 ms).
+    let pidfd = pidfd_open(child.id() as libc::pid_t);
     let mut master: Option<OwnedFd> = None;
     let status = loop {
         if let (Some(l), None) = (&console, &master) {
@@ -342,7 +370,13 @@ fn monitor(args: &Args, mut report: File) -> i32 {
         }
         match child.try_wait() {
             Ok(Some(s)) => break s,
-            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(2)),
+            Ok(None) => match &pidfd {
+                Some(fd) => {
+                    let listener = console.as_ref().filter(|_| master.is_none());
+                    wait_readable(fd.as_raw_fd(), listener.map(|l| l.as_raw_fd()));
+                }
+                None => std::thread::sleep(std::time::Duration::from_millis(2)),
+            },
             Err(e) => {
                 return fail(
                     &mut report,
@@ -395,7 +429,9 @@ fn monitor(args: &Args, mut report: File) -> i32 {
     };
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
-    if let Err(e) = write_atomic(&args.monitor_pid_file, format!("{me}\n").as_bytes()) {
+    // Not fsynced: the monitor's pid means nothing after a reboot, and tmp + rename is atomic
+    // for a daemon that restarts.
+    if let Err(e) = write_atomic(&args.monitor_pid_file, format!("{me}\n").as_bytes(), false) {
         return fail(
             &mut report,
             format!("write {}: {e}", args.monitor_pid_file.display()),
@@ -594,7 +630,7 @@ fn monitor(args: &Args, mut report: File) -> i32 {
     let (code, signal, _, at) = exit.expect("loop ends only after the exit");
     let sig = signal.map_or_else(|| "null".to_string(), |s| s.to_string());
     let line = format!("{{\"exit_code\":{code},\"signal\":{sig},\"exited_at\":\"{at}\"}}\n");
-    let _ = write_atomic(&args.exit_file, line.as_bytes());
+    let _ = write_atomic(&args.exit_file, line.as_bytes(), true);
     reap_all();
     0
 }
@@ -702,7 +738,8 @@ fn set_nonblocking(fd: &OwnedFd) {
     }
 }
 
-fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
+/// tmp + (fsync when `durable`) + rename.
+fn write_atomic(path: &Path, data: &[u8], durable: bool) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     {
         let mut f = OpenOptions::new()
@@ -712,7 +749,9 @@ fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
             .mode(0o600)
             .open(&tmp)?;
         f.write_all(data)?;
-        f.sync_all()?;
+        if durable {
+            f.sync_all()?;
+        }
     }
     std::fs::rename(&tmp, path)
 }
