@@ -16,8 +16,12 @@ use std::time::{Duration, Instant};
 
 use sandboxd::{Config, PodSandboxConfig, Runtime, SandboxFilter};
 
+#[path = "floor/mod.rs"]
+mod floor;
+
 const SUBNET: &str = "10.254.0.0/22";
 const BRIDGE: &str = "sbbench0";
+const CGROUP_PARENT: &str = "/sandboxd-bench";
 
 struct Guard {
     base: PathBuf,
@@ -30,6 +34,33 @@ impl Drop for Guard {
                 "-w", "-D", "FORWARD", "-s", SUBNET, "!", "-d", SUBNET, "-j", "DROP",
             ])
             .output();
+        // A floor run that failed half-way: its runtime containers and netns files.
+        let runc_root = self.base.join("floor/runc");
+        for e in std::fs::read_dir(&runc_root)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let _ = Command::new("runc")
+                .arg("--root")
+                .arg(&runc_root)
+                .args(["delete", "--force"])
+                .arg(e.file_name())
+                .output();
+        }
+        let prefix = format!("sbfloor-{}-", std::process::id());
+        for e in std::fs::read_dir("/var/run/netns")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = Command::new("ip")
+                    .args(["netns", "del"])
+                    .arg(e.file_name())
+                    .output();
+            }
+        }
         let _ = Command::new("ip").args(["link", "del", BRIDGE]).output();
         for d in ["netns", "ipcns", "utsns"] {
             let _ = Command::new("umount")
@@ -38,6 +69,9 @@ impl Drop for Guard {
                 .output();
         }
         let _ = std::fs::remove_dir_all(&self.base);
+        for h in sandboxd::cgroups::hierarchies() {
+            let _ = std::fs::remove_dir(h.mount_point.join(CGROUP_PARENT.trim_start_matches('/')));
+        }
     }
 }
 
@@ -169,7 +203,7 @@ fn main() {
     cfg.default_network.subnet = SUBNET.into();
     cfg.default_network.name = "sandboxd-bench".into();
     cfg.default_network.ip_masq = false;
-    cfg.cgroup_parent = "/sandboxd-bench".into();
+    cfg.cgroup_parent = CGROUP_PARENT.into();
     let rt = Runtime::new(cfg).expect("runtime");
 
     // Warm up (bridge creation, page cache) and measure the idle shims.
@@ -184,10 +218,16 @@ fn main() {
         .unwrap_or(0)
         .to_string();
     let (monitor_rss, pause_rss) = (rss_kib(&monitor_pid), rss_kib(&pause_pid));
-    rt.remove_pod_sandbox(&id).unwrap();
+    // The floor reuses this pod's infra bundle (its mounts stay valid while the pod lives).
+    let infra_spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    let list = rt.network().expect("network");
+    let floor_dir = base.join("floor");
+    let mut floors = Vec::new();
 
     println!("| pods | infra process | concurrency | sandboxes/s | run p50/p90/p99 ms | status p50 ms | stop p50/p90/p99 ms | remove p50/p90/p99 ms | lifecycle ms (wall/pod) | child-process share | own code p50 ms (run/status/stop/remove) |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut ours_c1 = Vec::new();
     for infra in [false, true] {
         if only_infra.is_some_and(|o| o != infra) {
             continue;
@@ -196,7 +236,20 @@ fn main() {
             if only_conc.is_some_and(|c| c != conc) {
                 continue;
             }
+            if conc == 1 {
+                let setup = floor::Setup {
+                    list: &list,
+                    bin_dirs: &rt.config().cni_bin_dirs,
+                    infra_spec: infra.then_some(&infra_spec),
+                    work: &floor_dir,
+                    cgroup_parent: CGROUP_PARENT,
+                };
+                floors.push((infra, floor::measure(&setup, pods)));
+            }
             let (s, wall, share) = run_config(&rt, pods, conc, infra);
+            if conc == 1 {
+                ours_c1.push(wall);
+            }
             // Child time is a process-wide counter: per-phase own time is exact only when
             // one lifecycle runs at a time.
             let own = if conc == 1 {
@@ -219,6 +272,28 @@ fn main() {
                 wall.as_secs_f64() * 1000.0 / pods as f64,
                 share * 100.0,
                 own,
+            );
+        }
+    }
+    rt.remove_pod_sandbox(&id).unwrap();
+    if !floors.is_empty() {
+        println!();
+        println!("Floor: the same lifecycles with only the unavoidable process calls (`ip netns add`, each CNI plugin executed directly, `runc create`+`start` and `kill`+`delete` of the same pause bundle, `ip netns del`), no sandboxd code, concurrency 1, run right before sandboxd's concurrency-1 row:");
+        println!();
+        println!("| pods | infra process | floor run/stop/remove p50 ms | floor lifecycle ms (wall/pod) | sandboxd lifecycle ms (wall/pod) | sandboxd vs floor |");
+        println!("|---|---|---|---|---|---|");
+        for ((infra, f), ours) in floors.iter().zip(&ours_c1) {
+            let (fl, us) = (
+                f.wall.as_secs_f64() * 1000.0 / pods as f64,
+                ours.as_secs_f64() * 1000.0 / pods as f64,
+            );
+            println!(
+                "| {pods} | {} | {:.1}/{:.1}/{:.1} | {fl:.1} | {us:.1} | {:+.0}% |",
+                if *infra { "yes" } else { "no" },
+                pct(&f.run, 50.0),
+                pct(&f.stop, 50.0),
+                pct(&f.remove, 50.0),
+                (us / fl - 1.0) * 100.0,
             );
         }
     }

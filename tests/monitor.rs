@@ -29,7 +29,7 @@ fn bundle(env: &Env, name: &str, args: &[&str]) -> std::path::PathBuf {
         resolv_conf: dir.join("resolv.conf"),
         hosts: dir.join("hosts"),
         hostname_file: dir.join("hostname"),
-        cgroups_path: format!("/sandboxd-test/{name}"),
+        cgroups_path: format!("/sandboxd-test-{name}"),
         oom_score_adj: spec::clamp_oom_score_adj(0),
     })
     .unwrap();

@@ -89,12 +89,7 @@ impl NetworkList {
 
     /// The stdin of one plugin: its config plus `name`, `cniVersion`, `prevResult` and the
     /// `runtimeConfig` of the capabilities it declares.
-    pub(super) fn plugin_stdin(
-        &self,
-        plugin: &Value,
-        prev: Option<&Value>,
-        att: &Attachment,
-    ) -> Value {
+    pub fn plugin_stdin(&self, plugin: &Value, prev: Option<&Value>, att: &Attachment) -> Value {
         let mut conf: Map<String, Value> = plugin.as_object().cloned().unwrap_or_default();
         conf.insert("name".into(), json!(self.name));
         conf.insert("cniVersion".into(), json!(self.cni_version));

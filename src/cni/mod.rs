@@ -70,7 +70,8 @@ pub struct Attachment {
 }
 
 impl Attachment {
-    fn cni_args(&self) -> String {
+    /// `CNI_ARGS` for this pod, with the `K8S_POD_*` keys kubelet's runtimes pass.
+    pub fn cni_args(&self) -> String {
         format!(
             "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={}",
             self.pod_namespace, self.pod_name, self.container_id, self.pod_uid

@@ -128,8 +128,10 @@ impl Env {
         cfg.default_network.ip_masq = false;
         cfg.monitor_path = Some(shim("sandboxd-monitor"));
         cfg.pause_path = Some(shim("sandboxd-pause"));
-        // Each test's pods under their own parent, so the leak check can see its cgroups.
-        cfg.cgroup_parent = format!("/sandboxd-test/t{n}");
+        // Each test's pods under their own top-level parent, so the leak check can see its
+        // cgroups and the parent goes with the test (a shared parent would be left behind, or
+        // removed under a test that is creating below it).
+        cfg.cgroup_parent = format!("/sandboxd-test-t{n}");
         cfg.stop_grace = std::time::Duration::from_secs(2);
         cfg.cni_bin_dirs = vec![base.join("bin"), PathBuf::from("/usr/lib/cni")];
         std::fs::create_dir_all(base.join("bin")).unwrap();
