@@ -75,13 +75,27 @@ impl Drop for Guard {
     }
 }
 
+/// Samples of one phase (run, status, stop or remove).
 #[derive(Default, Clone)]
-struct Samples {
-    run: Vec<Duration>,
-    status: Vec<Duration>,
-    stop: Vec<Duration>,
-    remove: Vec<Duration>,
-    own: [Vec<Duration>; 4],
+struct Phase {
+    wall: Vec<Duration>,
+    /// Wall time minus time in child processes.
+    own: Vec<Duration>,
+    /// CPU time of this process.
+    cpu: Vec<Duration>,
+    /// Of `own`: waits for record fsyncs, and for namespace creation.
+    sync: Vec<Duration>,
+    ns: Vec<Duration>,
+}
+
+impl Phase {
+    fn extend(&mut self, o: &Phase) {
+        self.wall.extend(&o.wall);
+        self.own.extend(&o.own);
+        self.cpu.extend(&o.cpu);
+        self.sync.extend(&o.sync);
+        self.ns.extend(&o.ns);
+    }
 }
 
 fn pct(v: &[Duration], p: f64) -> f64 {
@@ -103,51 +117,63 @@ fn pod(i: usize, tag: &str, infra: bool) -> PodSandboxConfig {
     )
 }
 
-fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration, Duration) {
+/// CPU time (user + system) of this process, all threads; children not included.
+fn cpu_time() -> Duration {
+    // SAFETY: an all-zero rusage is valid, and getrusage only writes into it.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a pointer to our local struct.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// Runs `f` and records its wall time, own time, CPU time and waits into `phase` (the
+/// process-wide counters are exact only when nothing else runs in this process).
+fn timed<T>(phase: &mut Phase, f: impl FnOnce() -> T) -> T {
     let (c0, _) = sandboxd::process::child_time();
+    let (cpu0, s0, n0) = (
+        cpu_time(),
+        sandboxd::state::sync_wait(),
+        sandboxd::netns::pin_wait(),
+    );
     let t = Instant::now();
     let r = f();
     let wall = t.elapsed();
     let (c1, _) = sandboxd::process::child_time();
-    (r, wall, wall.saturating_sub(c1 - c0))
+    phase.wall.push(wall);
+    phase.own.push(wall.saturating_sub(c1 - c0));
+    phase.cpu.push(cpu_time() - cpu0);
+    phase.sync.push(sandboxd::state::sync_wait() - s0);
+    phase.ns.push(sandboxd::netns::pin_wait() - n0);
+    r
 }
 
-fn run_config(rt: &Runtime, pods: usize, conc: usize, infra: bool) -> (Samples, Duration, f64) {
+fn run_config(rt: &Runtime, pods: usize, conc: usize, infra: bool) -> ([Phase; 4], Duration, f64) {
     let tag = format!(
         "{}-{conc}-{}",
         if infra { "i" } else { "p" },
         std::process::id()
     );
-    let all = Mutex::new(Samples::default());
+    let all = Mutex::new(<[Phase; 4]>::default());
     let (c0, _) = sandboxd::process::child_time();
     let t = Instant::now();
     std::thread::scope(|s| {
         for w in 0..conc {
             let (all, tag) = (&all, &tag);
             s.spawn(move || {
-                let mut mine = Samples::default();
+                let mut mine = <[Phase; 4]>::default();
                 for i in (w..pods).step_by(conc) {
-                    let (id, d, own) =
-                        timed(|| rt.run_pod_sandbox(&pod(i, tag, infra)).expect("run"));
-                    mine.run.push(d);
-                    mine.own[0].push(own);
-                    let (_, d, own) = timed(|| rt.pod_sandbox_status(&id).expect("status"));
-                    mine.status.push(d);
-                    mine.own[1].push(own);
-                    let (_, d, own) = timed(|| rt.stop_pod_sandbox(&id).expect("stop"));
-                    mine.stop.push(d);
-                    mine.own[2].push(own);
-                    let (_, d, own) = timed(|| rt.remove_pod_sandbox(&id).expect("remove"));
-                    mine.remove.push(d);
-                    mine.own[3].push(own);
+                    let [run, status, stop, remove] = &mut mine;
+                    let id = timed(run, || {
+                        rt.run_pod_sandbox(&pod(i, tag, infra)).expect("run")
+                    });
+                    timed(status, || rt.pod_sandbox_status(&id).expect("status"));
+                    timed(stop, || rt.stop_pod_sandbox(&id).expect("stop"));
+                    timed(remove, || rt.remove_pod_sandbox(&id).expect("remove"));
                 }
                 let mut a = all.lock().unwrap();
-                a.run.extend(mine.run);
-                a.status.extend(mine.status);
-                a.stop.extend(mine.stop);
-                a.remove.extend(mine.remove);
-                for k in 0..4 {
-                    a.own[k].extend(mine.own[k].iter().copied());
+                for (a, m) in a.iter_mut().zip(&mine) {
+                    a.extend(m);
                 }
             });
         }
@@ -227,7 +253,7 @@ fn main() {
 
     println!("| pods | infra process | concurrency | sandboxes/s | run p50/p90/p99 ms | status p50 ms | stop p50/p90/p99 ms | remove p50/p90/p99 ms | lifecycle ms (wall/pod) | child-process share | own code p50 ms (run/status/stop/remove) |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    let mut ours_c1 = Vec::new();
+    let (mut ours_c1, mut breakdowns) = (Vec::new(), Vec::new());
     for infra in [false, true] {
         if only_infra.is_some_and(|o| o != infra) {
             continue;
@@ -253,26 +279,53 @@ fn main() {
             // Child time is a process-wide counter: per-phase own time is exact only when
             // one lifecycle runs at a time.
             let own = if conc == 1 {
-                s.own
-                    .iter()
-                    .map(|v| format!("{:.2}", pct(v, 50.0)))
+                breakdowns.push((infra, s.clone()));
+                s.iter()
+                    .map(|p| format!("{:.2}", pct(&p.own, 50.0)))
                     .collect::<Vec<_>>()
                     .join("/")
             } else {
                 "—".to_string()
             };
+            let [run, status, stop, remove] = &s;
             println!(
                 "| {pods} | {} | {conc} | {:.1} | {:.1}/{:.1}/{:.1} | {:.2} | {:.1}/{:.1}/{:.1} | {:.1}/{:.1}/{:.1} | {:.1} | {:.0}% | {} |",
                 if infra { "yes" } else { "no" },
                 pods as f64 / wall.as_secs_f64(),
-                pct(&s.run, 50.0), pct(&s.run, 90.0), pct(&s.run, 99.0),
-                pct(&s.status, 50.0),
-                pct(&s.stop, 50.0), pct(&s.stop, 90.0), pct(&s.stop, 99.0),
-                pct(&s.remove, 50.0), pct(&s.remove, 90.0), pct(&s.remove, 99.0),
+                pct(&run.wall, 50.0), pct(&run.wall, 90.0), pct(&run.wall, 99.0),
+                pct(&status.wall, 50.0),
+                pct(&stop.wall, 50.0), pct(&stop.wall, 90.0), pct(&stop.wall, 99.0),
+                pct(&remove.wall, 50.0), pct(&remove.wall, 90.0), pct(&remove.wall, 99.0),
                 wall.as_secs_f64() * 1000.0 / pods as f64,
                 share * 100.0,
                 own,
             );
+        }
+    }
+    if !breakdowns.is_empty() {
+        println!();
+        println!("Own time at concurrency 1, per phase (p50 of each column on its own, in ms): *own* = wall − child processes; *fsync* = waits for the record fsyncs in it; *namespaces* = waits for the namespace thread (unshare + bind mounts) not hidden behind the first fsync; *rest* = own − fsync − namespaces per sample; *CPU* = this process's CPU time (all threads, children excluded):");
+        println!();
+        println!("| infra process | phase | own | fsync | namespaces | rest | CPU |");
+        println!("|---|---|---|---|---|---|---|");
+        for (infra, phases) in &breakdowns {
+            for (name, p) in ["run", "status", "stop", "remove"].iter().zip(phases) {
+                let rest: Vec<Duration> = p
+                    .own
+                    .iter()
+                    .zip(p.sync.iter().zip(&p.ns))
+                    .map(|(o, (s, n))| o.saturating_sub(*s + *n))
+                    .collect();
+                println!(
+                    "| {} | {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                    if *infra { "yes" } else { "no" },
+                    pct(&p.own, 50.0),
+                    pct(&p.sync, 50.0),
+                    pct(&p.ns, 50.0),
+                    pct(&rest, 50.0),
+                    pct(&p.cpu, 50.0),
+                );
+            }
         }
     }
     rt.remove_pod_sandbox(&id).unwrap();

@@ -10,6 +10,25 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use crate::error::HostError;
 
+/// Wall time spent waiting in fsync for records (summed over threads), for the benchmark's
+/// breakdown of our own time.
+static SYNC_NANOS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Total time spent in record fsyncs so far.
+pub fn sync_wait() -> std::time::Duration {
+    std::time::Duration::from_nanos(SYNC_NANOS.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+fn timed_sync<T>(f: impl FnOnce() -> T) -> T {
+    let t = std::time::Instant::now();
+    let r = f();
+    SYNC_NANOS.fetch_add(
+        t.elapsed().as_nanos() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    r
+}
+
 /// Writes `value` as JSON to `path` atomically.
 pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), HostError> {
     let data = serde_json::to_vec_pretty(value)
@@ -34,7 +53,7 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), HostError> {
             .map_err(|e| HostError::io("create", &tmp, e))?;
         f.write_all(data)
             .map_err(|e| HostError::io("write", &tmp, e))?;
-        f.sync_data().map_err(|e| HostError::io("fsync", &tmp, e))?;
+        timed_sync(|| f.sync_data()).map_err(|e| HostError::io("fsync", &tmp, e))?;
     }
     // Replacing an existing record needs no directory fsync: after a crash the name points at
     // either the old complete file or the new complete one, and every record is written so
@@ -45,7 +64,7 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), HostError> {
         return Ok(());
     }
     File::open(dir)
-        .and_then(|d| d.sync_all())
+        .and_then(|d| timed_sync(|| d.sync_all()))
         .map_err(|e| HostError::io("fsync dir", dir, e))
 }
 
