@@ -1,8 +1,7 @@
 //! RunPodSandbox: validate → reserve name → sandbox dir → record `creating` (while the
 //! namespaces are pinned on another thread) → CNI ADD → shm → infra (only when needed) →
-//! record `ready`. A failure undoes every earlier
-//! step, newest first (the teardown reads the record, which names each resource before it is
-//! created), and releases the name.
+//! record `ready`. A failure undoes every earlier step, newest first (the teardown reads the
+//! record, which names each resource before it is created), and releases the name.
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};

@@ -5,6 +5,8 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use serde::{de::DeserializeOwned, Serialize};
 
@@ -12,20 +14,17 @@ use crate::error::HostError;
 
 /// Wall time spent waiting in fsync for records (summed over threads), for the benchmark's
 /// breakdown of our own time.
-static SYNC_NANOS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static SYNC_NANOS: AtomicU64 = AtomicU64::new(0);
 
 /// Total time spent in record fsyncs so far.
-pub fn sync_wait() -> std::time::Duration {
-    std::time::Duration::from_nanos(SYNC_NANOS.load(std::sync::atomic::Ordering::Relaxed))
+pub fn sync_wait() -> Duration {
+    Duration::from_nanos(SYNC_NANOS.load(Ordering::Relaxed))
 }
 
 fn timed_sync<T>(f: impl FnOnce() -> T) -> T {
-    let t = std::time::Instant::now();
+    let t = Instant::now();
     let r = f();
-    SYNC_NANOS.fetch_add(
-        t.elapsed().as_nanos() as u64,
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    SYNC_NANOS.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
     r
 }
 
