@@ -267,3 +267,30 @@ pub fn remove(path: &Path) -> Result<Removed, HostError> {
         path.display()
     )))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request that fails part-way while making the namespace files leaves none behind and
+    /// starts no thread.
+    #[test]
+    fn failed_file_creation_leaves_nothing() {
+        let dir = std::env::temp_dir().join(format!("sandboxd-netns-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let blocker = dir.join("not-a-dir");
+        std::fs::write(&blocker, b"x").unwrap();
+        let req = PinRequest {
+            net: Some(dir.join("net-ns")),
+            ipc: Some(blocker.join("ipc-ns")),
+            uts: None,
+            hostname: None,
+        };
+        let err = pin_in_background(&req)
+            .err()
+            .expect("the ipc path cannot be made");
+        assert!(err.to_string().contains("not-a-dir"), "{err}");
+        assert!(!dir.join("net-ns").exists(), "net file left behind");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
