@@ -276,8 +276,15 @@ mod tests {
     /// starts no thread.
     #[test]
     fn failed_file_creation_leaves_nothing() {
+        struct Cleanup(PathBuf);
+        impl Drop for Cleanup {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
         let dir = std::env::temp_dir().join(format!("sandboxd-netns-unit-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
+        let _cleanup = Cleanup(dir.clone());
         let blocker = dir.join("not-a-dir");
         std::fs::write(&blocker, b"x").unwrap();
         let req = PinRequest {
@@ -291,6 +298,5 @@ mod tests {
             .expect("the ipc path cannot be made");
         assert!(err.to_string().contains("not-a-dir"), "{err}");
         assert!(!dir.join("net-ns").exists(), "net file left behind");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
