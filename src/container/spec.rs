@@ -574,50 +574,10 @@ pub fn build(i: &Inputs) -> Result<oci_spec::runtime::Spec> {
         "/".to_string()
     };
     let user_mount_at = |d: &str| c.mounts.iter().any(|m| m.container_path == d);
-    let mut mounts = vec![
-        mnt("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"]),
-        mnt(
-            "/dev",
-            "tmpfs",
-            "tmpfs",
-            &["nosuid", "strictatime", "mode=755", "size=65536k"],
-        ),
-        mnt(
-            "/dev/pts",
-            "devpts",
-            "devpts",
-            &[
-                "nosuid",
-                "noexec",
-                "newinstance",
-                "ptmxmode=0666",
-                "mode=0620",
-                "gid=5",
-            ],
-        ),
-        mnt(
-            "/dev/mqueue",
-            "mqueue",
-            "mqueue",
-            &["nosuid", "noexec", "nodev"],
-        ),
-    ];
-    let sys_ro = if s.privileged { "rw" } else { "ro" };
-    if i.host_network {
-        mounts.push(mnt(
-            "/sys",
-            "bind",
-            "/sys",
-            &["rbind", "nosuid", "noexec", "nodev", sys_ro],
-        ));
-    } else {
-        mounts.push(mnt(
-            "/sys",
-            "sysfs",
-            "sysfs",
-            &["nosuid", "noexec", "nodev", sys_ro],
-        ));
-    }
+    let mut mounts: Vec<Value> = crate::oci::spec::standard_mounts(!i.host_network, s.privileged)
+        .into_iter()
+        .map(|(dest, typ, src, opts)| mnt(dest, typ, src, &opts))
+        .collect();
     let shm = i
         .shm
         .clone()

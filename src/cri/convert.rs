@@ -32,11 +32,11 @@ fn mode_to_cri(m: NamespaceMode) -> i32 {
     }
 }
 
-fn sorted(m: &HashMap<String, String>) -> BTreeMap<String, String> {
+pub(crate) fn sorted(m: &HashMap<String, String>) -> BTreeMap<String, String> {
     m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
-fn unsorted(m: &BTreeMap<String, String>) -> HashMap<String, String> {
+pub(crate) fn unsorted(m: &BTreeMap<String, String>) -> HashMap<String, String> {
     m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
@@ -129,7 +129,7 @@ fn state_to_cri(s: SandboxState) -> i32 {
     }
 }
 
-fn metadata_to_cri(m: &PodSandboxMetadata) -> cri::PodSandboxMetadata {
+pub(crate) fn metadata_to_cri(m: &PodSandboxMetadata) -> cri::PodSandboxMetadata {
     cri::PodSandboxMetadata {
         name: m.name.clone(),
         namespace: m.namespace.clone(),

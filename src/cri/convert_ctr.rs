@@ -1,9 +1,8 @@
 //! Translation of container and image messages between CRI v1 and the core types.
 
-use std::collections::{BTreeMap, HashMap};
-
 use k8s_cri::v1 as cri;
 
+use super::convert::{sorted, unsorted};
 use crate::cgroups::Usage;
 use crate::container::{
     BindMount, ContainerConfig, ContainerFilter, ContainerMetadata, ContainerRecord,
@@ -11,14 +10,6 @@ use crate::container::{
 };
 use crate::error::Error;
 use crate::image::ImageRecord;
-
-fn sorted(m: &HashMap<String, String>) -> BTreeMap<String, String> {
-    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-}
-
-fn unsorted(m: &BTreeMap<String, String>) -> HashMap<String, String> {
-    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-}
 
 /// `ContainerConfig` → core config.
 pub fn container_config(c: &cri::ContainerConfig) -> Result<ContainerConfig, Error> {

@@ -1,8 +1,8 @@
 //! The CRI v1 gRPC services: `RuntimeService` and `ImageService`. They translate between CRI
 //! messages and the core [`Runtime`](crate::Runtime) (whose calls block on process calls, so
 //! they run on tokio's blocking pool) and nothing more. RPCs whose feature does not exist
-//! yet (streaming, registry pulls, resource updates, pod stats) answer `Unimplemented` with
-//! a message saying so: never a fake success.
+//! (container events, checkpoint, CRI metrics) answer `Unimplemented` with a message saying
+//! so: never a fake success.
 
 pub mod client;
 pub mod convert;
@@ -22,42 +22,68 @@ fn not_yet(rpc: &str, why: &str) -> Status {
     Status::unimplemented(format!("{rpc}: {why}"))
 }
 
-/// One pod's stats: its cgroup (which holds every container's) and each running container.
-fn pod_stats(rt: &Runtime, id: &str) -> crate::Result<cri::PodSandboxStats> {
-    let s = rt.pod_sandbox_status(id)?;
-    let now = crate::sandbox::now_nanos();
-    let u = rt.pod_usage(&s.id)?;
-    let containers = rt
-        .list_containers(&crate::ContainerFilter {
-            sandbox_id: Some(s.id.clone()),
-            state: Some(crate::ContainerState::Running),
-            ..Default::default()
-        })
+/// One pod's stats: its cgroup (which holds every container's) and its running containers.
+fn pod_stats(
+    rt: &Runtime,
+    r: &crate::SandboxRecord,
+    running: &[&crate::ContainerRecord],
+    now: i64,
+) -> cri::PodSandboxStats {
+    let (cpu, memory) =
+        convert_ctr::usage_to_cri(&crate::cgroups::usage(&r.pod_cgroup(rt.config())), now);
+    let containers = running
         .iter()
-        .map(|r| convert_ctr::stats_to_cri(r, &crate::cgroups::usage(&r.cgroup), now))
+        .filter(|c| c.sandbox_id == r.id)
+        .map(|c| convert_ctr::stats_to_cri(c, &crate::cgroups::usage(&c.cgroup), now))
         .collect();
-    let c = convert_ctr::usage_to_cri(&u, now);
-    Ok(cri::PodSandboxStats {
+    cri::PodSandboxStats {
         attributes: Some(cri::PodSandboxAttributes {
-            id: s.id.clone(),
-            metadata: Some(cri::PodSandboxMetadata {
-                name: s.metadata.name.clone(),
-                namespace: s.metadata.namespace.clone(),
-                uid: s.metadata.uid.clone(),
-                attempt: s.metadata.attempt,
-            }),
-            labels: s.labels.clone().into_iter().collect(),
-            annotations: s.annotations.clone().into_iter().collect(),
+            id: r.id.clone(),
+            metadata: Some(convert::metadata_to_cri(&r.config.metadata)),
+            labels: convert::unsorted(&r.config.labels),
+            annotations: convert::unsorted(&r.config.annotations),
         }),
         linux: Some(cri::LinuxPodSandboxStats {
-            cpu: Some(c.0),
-            memory: Some(c.1),
+            cpu: Some(cpu),
+            memory: Some(memory),
             network: None,
             process: None,
             containers,
         }),
         windows: None,
-    })
+    }
+}
+
+/// Stats of the ready pods `filter` matches, with one pass over the running containers.
+fn pods_stats(rt: &Runtime, filter: &crate::SandboxFilter) -> Vec<cri::PodSandboxStats> {
+    let now = crate::sandbox::now_nanos();
+    let running = rt.list_containers(&crate::ContainerFilter {
+        state: Some(crate::ContainerState::Running),
+        ..Default::default()
+    });
+    let running: Vec<&crate::ContainerRecord> = running.iter().collect();
+    rt.list_pod_sandboxes(filter)
+        .iter()
+        .filter_map(|s| rt.sandbox_record(&s.id).ok())
+        .map(|r| pod_stats(rt, &r, &running, now))
+        .collect()
+}
+
+/// The `info` map of a verbose status answer: `{"info": <value as JSON>}`, empty otherwise.
+fn verbose_info<T: serde::Serialize>(
+    verbose: bool,
+    value: Option<&T>,
+) -> std::collections::HashMap<String, String> {
+    value
+        .filter(|_| verbose)
+        .map(|v| {
+            (
+                "info".to_string(),
+                serde_json::to_string(v).unwrap_or_default(),
+            )
+        })
+        .into_iter()
+        .collect()
 }
 
 /// Both CRI services over one core runtime.
@@ -85,6 +111,22 @@ impl CriService {
         self.streaming
             .clone()
             .ok_or_else(|| Status::unimplemented("this server runs no streaming server"))
+    }
+
+    /// A one-time streaming URL for `target` (checked against the runtime on the blocking pool).
+    async fn stream_url(
+        &self,
+        rpc: &'static str,
+        id: &str,
+        target: crate::streaming::Target,
+    ) -> Result<String, Status> {
+        let s = self.streaming()?;
+        let for_pod = matches!(target, crate::streaming::Target::PortForward { .. });
+        let f = move |_: &Runtime| s.exec_url(target);
+        match for_pod {
+            true => self.call(rpc, id, f).await,
+            false => self.blocking(rpc, id, f).await,
+        }
     }
 
     /// Runs a blocking core call on the blocking pool, inside a span naming the sandbox.
@@ -191,17 +233,15 @@ impl RuntimeService for CriService {
             .rt
             .pod_sandbox_status(&req.pod_sandbox_id)
             .map_err(|e| convert::status_of(&e))?;
-        let mut info = std::collections::HashMap::new();
-        if req.verbose {
-            let r = self
-                .rt
-                .sandbox_record(&status.id)
-                .map_err(|e| convert::status_of(&e))?;
-            info.insert(
-                "info".to_string(),
-                serde_json::to_string(&r).unwrap_or_default(),
-            );
-        }
+        let record = match req.verbose {
+            true => Some(
+                self.rt
+                    .sandbox_record(&status.id)
+                    .map_err(|e| convert::status_of(&e))?,
+            ),
+            false => None,
+        };
+        let info = verbose_info(req.verbose, record.as_ref());
         Ok(Response::new(cri::PodSandboxStatusResponse {
             status: Some(convert::status_to_cri(&status)),
             info,
@@ -251,12 +291,19 @@ impl RuntimeService for CriService {
         req: Request<cri::ListContainerStatsRequest>,
     ) -> Result<Response<cri::ListContainerStatsResponse>, Status> {
         let f = req.into_inner().filter.unwrap_or_default();
-        let filter = crate::ContainerFilter {
-            id_prefix: (!f.id.is_empty()).then(|| f.id.to_ascii_lowercase()),
-            sandbox_id: (!f.pod_sandbox_id.is_empty())
-                .then(|| f.pod_sandbox_id.to_ascii_lowercase()),
-            labels: f.label_selector.into_iter().collect(),
-            state: Some(crate::ContainerState::Running),
+        let filter = convert_ctr::container_filter(Some(&cri::ContainerFilter {
+            id: f.id,
+            pod_sandbox_id: f.pod_sandbox_id,
+            label_selector: f.label_selector,
+            state: Some(cri::ContainerStateValue {
+                state: cri::ContainerState::ContainerRunning as i32,
+            }),
+        }))
+        .map_err(|e| convert::status_of(&e))?;
+        let Some(filter) = filter else {
+            return Ok(Response::new(cri::ListContainerStatsResponse {
+                stats: Vec::new(),
+            }));
         };
         let stats = self
             .blocking("ListContainerStats", "", move |rt| {
@@ -276,20 +323,23 @@ impl RuntimeService for CriService {
         req: Request<cri::ListPodSandboxStatsRequest>,
     ) -> Result<Response<cri::ListPodSandboxStatsResponse>, Status> {
         let f = req.into_inner().filter.unwrap_or_default();
-        let filter = crate::SandboxFilter {
-            id_prefix: (!f.id.is_empty()).then(|| f.id.to_ascii_lowercase()),
-            state: Some(crate::SandboxState::Ready),
-            labels: f.label_selector.into_iter().collect(),
+        let filter = convert::filter(Some(&cri::PodSandboxFilter {
+            id: f.id,
+            state: Some(cri::PodSandboxStateValue {
+                state: cri::PodSandboxState::SandboxReady as i32,
+            }),
+            label_selector: f.label_selector,
+        }))
+        .map_err(|e| convert::status_of(&e))?;
+        let stats = match filter {
+            Some(filter) => {
+                self.blocking("ListPodSandboxStats", "", move |rt| {
+                    Ok(pods_stats(rt, &filter))
+                })
+                .await?
+            }
+            None => Vec::new(),
         };
-        let stats = self
-            .blocking("ListPodSandboxStats", "", move |rt| {
-                Ok(rt
-                    .list_pod_sandboxes(&filter)
-                    .iter()
-                    .filter_map(|s| pod_stats(rt, &s.id).ok())
-                    .collect())
-            })
-            .await?;
         Ok(Response::new(cri::ListPodSandboxStatsResponse { stats }))
     }
 
@@ -458,13 +508,7 @@ impl RuntimeService for CriService {
                 rt.container_status(&i)
             })
             .await?;
-        let mut info = std::collections::HashMap::new();
-        if req.verbose {
-            info.insert(
-                "info".to_string(),
-                serde_json::to_string(&r).unwrap_or_default(),
-            );
-        }
+        let info = verbose_info(req.verbose, Some(&r));
         Ok(Response::new(cri::ContainerStatusResponse {
             status: Some(convert_ctr::status_to_cri(&r)),
             info,
@@ -525,19 +569,20 @@ impl RuntimeService for CriService {
         req: Request<cri::ExecRequest>,
     ) -> Result<Response<cri::ExecResponse>, Status> {
         let r = req.into_inner();
-        let s = self.streaming()?;
         let id = r.container_id.clone();
         let url = self
-            .blocking("Exec", &id, move |_| {
-                s.exec_url(crate::streaming::Target::Exec {
+            .stream_url(
+                "Exec",
+                &id,
+                crate::streaming::Target::Exec {
                     container_id: r.container_id,
                     cmd: r.cmd,
                     tty: r.tty,
                     stdin: r.stdin,
                     stdout: r.stdout,
                     stderr: r.stderr,
-                })
-            })
+                },
+            )
             .await?;
         Ok(Response::new(cri::ExecResponse { url }))
     }
@@ -547,18 +592,19 @@ impl RuntimeService for CriService {
         req: Request<cri::AttachRequest>,
     ) -> Result<Response<cri::AttachResponse>, Status> {
         let r = req.into_inner();
-        let s = self.streaming()?;
         let id = r.container_id.clone();
         let url = self
-            .blocking("Attach", &id, move |_| {
-                s.exec_url(crate::streaming::Target::Attach {
+            .stream_url(
+                "Attach",
+                &id,
+                crate::streaming::Target::Attach {
                     container_id: r.container_id,
                     tty: r.tty,
                     stdin: r.stdin,
                     stdout: r.stdout,
                     stderr: r.stderr,
-                })
-            })
+                },
+            )
             .await?;
         Ok(Response::new(cri::AttachResponse { url }))
     }
@@ -568,7 +614,6 @@ impl RuntimeService for CriService {
         req: Request<cri::PortForwardRequest>,
     ) -> Result<Response<cri::PortForwardResponse>, Status> {
         let r = req.into_inner();
-        let s = self.streaming()?;
         let id = r.pod_sandbox_id.clone();
         let mut ports = Vec::new();
         for p in &r.port {
@@ -579,12 +624,14 @@ impl RuntimeService for CriService {
             );
         }
         let url = self
-            .call("PortForward", &id, move |_| {
-                s.exec_url(crate::streaming::Target::PortForward {
+            .stream_url(
+                "PortForward",
+                &id,
+                crate::streaming::Target::PortForward {
                     sandbox_id: r.pod_sandbox_id,
                     ports,
-                })
-            })
+                },
+            )
             .await?;
         Ok(Response::new(cri::PortForwardResponse { url }))
     }
@@ -618,7 +665,16 @@ impl RuntimeService for CriService {
         let id = req.into_inner().pod_sandbox_id;
         let i = id.clone();
         let stats = self
-            .call("PodSandboxStats", &id, move |rt| pod_stats(rt, &i))
+            .call("PodSandboxStats", &id, move |rt| {
+                let r = rt.sandbox_record(&i)?;
+                let running = rt.list_containers(&crate::ContainerFilter {
+                    sandbox_id: Some(r.id.clone()),
+                    state: Some(crate::ContainerState::Running),
+                    ..Default::default()
+                });
+                let running: Vec<_> = running.iter().collect();
+                Ok(pod_stats(rt, &r, &running, crate::sandbox::now_nanos()))
+            })
             .await?;
         Ok(Response::new(cri::PodSandboxStatsResponse {
             stats: Some(stats),
@@ -692,15 +748,7 @@ impl ImageService for CriService {
             .blocking("ImageStatus", &name, move |rt| Ok(rt.images().get(&n)))
             .await?;
         // An unknown image is an empty answer, not an error (kubelet then pulls it).
-        let mut info = std::collections::HashMap::new();
-        if req.verbose {
-            if let Some(i) = &img {
-                info.insert(
-                    "info".to_string(),
-                    serde_json::to_string(i).unwrap_or_default(),
-                );
-            }
-        }
+        let info = verbose_info(req.verbose, img.as_ref());
         Ok(Response::new(cri::ImageStatusResponse {
             image: img.as_ref().map(convert_ctr::image_to_cri),
             info,

@@ -75,6 +75,63 @@ fn mount(dest: &str, typ: &str, source: &Path, options: &[&str]) -> Result<Mount
         .map_err(|e| HostError::Other(format!("mount {dest}: {e}")))
 }
 
+/// One mount of the standard container filesystem: destination, type, source, options.
+pub(crate) type StdMount = (&'static str, &'static str, &'static str, Vec<&'static str>);
+
+/// The mounts every container gets, as runc's default spec has them: /proc, /dev, /dev/pts,
+/// /dev/mqueue and /sys. A sysfs mount needs a network namespace of its own, so without one
+/// (`own_netns` false) the host's /sys is bind-mounted instead; `sys_writable` for privileged
+/// containers.
+pub(crate) fn standard_mounts(own_netns: bool, sys_writable: bool) -> Vec<StdMount> {
+    let sys_mode = if sys_writable { "rw" } else { "ro" };
+    let sys = if own_netns {
+        (
+            "/sys",
+            "sysfs",
+            "sysfs",
+            vec!["nosuid", "noexec", "nodev", sys_mode],
+        )
+    } else {
+        (
+            "/sys",
+            "bind",
+            "/sys",
+            vec!["rbind", "nosuid", "noexec", "nodev", sys_mode],
+        )
+    };
+    vec![
+        ("/proc", "proc", "proc", vec!["nosuid", "noexec", "nodev"]),
+        (
+            "/dev",
+            "tmpfs",
+            "tmpfs",
+            vec!["nosuid", "strictatime", "mode=755", "size=65536k"],
+        ),
+        (
+            "/dev/pts",
+            "devpts",
+            "devpts",
+            vec![
+                "nosuid",
+                "noexec",
+                "newinstance",
+                "ptmxmode=0666",
+                "mode=0620",
+                "gid=5",
+            ],
+        ),
+        // Shows the queues of the IPC namespace the container is in: the pod's own, or the
+        // host's for host-IPC pods (whose /dev/mqueue may not even be mounted).
+        (
+            "/dev/mqueue",
+            "mqueue",
+            "mqueue",
+            vec!["nosuid", "noexec", "nodev"],
+        ),
+        sys,
+    ]
+}
+
 /// Builds the infra container's spec.
 pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
     let err = |what: &str, e: oci_spec::OciSpecError| HostError::Other(format!("{what}: {e}"));
@@ -125,49 +182,10 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
         namespaces.push(ns(LinuxNamespaceType::Uts, None));
     }
 
-    let mut mounts = vec![
-        mount(
-            "/proc",
-            "proc",
-            Path::new("proc"),
-            &["nosuid", "noexec", "nodev"],
-        )?,
-        mount(
-            "/dev",
-            "tmpfs",
-            Path::new("tmpfs"),
-            &["nosuid", "strictatime", "mode=755", "size=65536k"],
-        )?,
-        mount(
-            "/dev/pts",
-            "devpts",
-            Path::new("devpts"),
-            &[
-                "nosuid",
-                "noexec",
-                "newinstance",
-                "ptmxmode=0666",
-                "mode=0620",
-                "gid=5",
-            ],
-        )?,
-    ];
-    if s.netns.is_some() {
-        mounts.push(mount(
-            "/sys",
-            "sysfs",
-            Path::new("sysfs"),
-            &["nosuid", "noexec", "nodev", "ro"],
-        )?);
-    } else {
-        // A sysfs mount needs its own network namespace; share the host's read-only.
-        mounts.push(mount(
-            "/sys",
-            "bind",
-            Path::new("/sys"),
-            &["rbind", "nosuid", "noexec", "nodev", "ro"],
-        )?);
-    }
+    let mut mounts = standard_mounts(s.netns.is_some(), false)
+        .into_iter()
+        .map(|(dest, typ, src, opts)| mount(dest, typ, Path::new(src), &opts))
+        .collect::<Result<Vec<_>, _>>()?;
     match (&s.shm, s.host_ipc) {
         (Some(shm), _) => mounts.push(mount(
             "/dev/shm",
@@ -188,14 +206,6 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
             &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
         )?),
     }
-    // An mqueue mount shows the queues of the IPC namespace the container is in: the pod's
-    // own, or the host's for host-IPC pods (whose /dev/mqueue may not even be mounted).
-    mounts.push(mount(
-        "/dev/mqueue",
-        "mqueue",
-        Path::new("mqueue"),
-        &["nosuid", "noexec", "nodev"],
-    )?);
     for (dest, src) in [
         ("/etc/resolv.conf", &s.resolv_conf),
         ("/etc/hosts", &s.hosts),

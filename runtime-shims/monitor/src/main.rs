@@ -239,6 +239,26 @@ fn wait_readable(a: RawFd, b: Option<RawFd>) {
     unsafe { libc::poll(pfds.as_mut_ptr(), 2, -1) };
 }
 
+/// Binds a non-blocking listener at `path` (replacing a stale socket), optionally setting its
+/// mode; `None` path means no socket. The error names the path.
+fn bind_listener(
+    path: Option<&Path>,
+    mode: Option<u32>,
+) -> Result<Option<std::os::unix::net::UnixListener>, String> {
+    let Some(p) = path else {
+        return Ok(None);
+    };
+    let _ = std::fs::remove_file(p);
+    let l =
+        std::os::unix::net::UnixListener::bind(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    if let Some(mode) = mode {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode));
+    }
+    let _ = l.set_nonblocking(true);
+    Ok(Some(l))
+}
+
 fn die(msg: &str) -> ! {
     eprintln!("sandboxd-monitor: {msg}");
     std::process::exit(1)
@@ -284,53 +304,25 @@ fn monitor(args: &Args, mut report: File) -> i32 {
             Err(e) => return fail(&mut report, format!("stdin pipe: {e}")),
         }
     };
-    let listener = match &args.attach_socket {
-        Some(p) => {
-            let _ = std::fs::remove_file(p);
-            match std::os::unix::net::UnixListener::bind(p) {
-                Ok(l) => {
-                    use std::os::unix::fs::PermissionsExt;
-                    let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600));
-                    let _ = l.set_nonblocking(true);
-                    Some(l)
-                }
-                Err(e) => return fail(&mut report, format!("attach socket {}: {e}", p.display())),
-            }
-        }
-        None => None,
+    // The attach socket is ours alone (0600); the console socket is the runtime's to connect.
+    let listener = match bind_listener(args.attach_socket.as_deref(), Some(0o600)) {
+        Ok(l) => l,
+        Err(e) => return fail(&mut report, format!("attach socket {e}")),
     };
-    let console = match &args.console_socket {
-        Some(p) => {
-            let _ = std::fs::remove_file(p);
-            match std::os::unix::net::UnixListener::bind(p) {
-                Ok(l) => {
-                    let _ = l.set_nonblocking(true);
-                    Some(l)
-                }
-                Err(e) => return fail(&mut report, format!("console socket {}: {e}", p.display())),
-            }
-        }
-        None => None,
+    let console = match bind_listener(args.console_socket.as_deref(), None) {
+        Ok(l) => l,
+        Err(e) => return fail(&mut report, format!("console socket {e}")),
     };
     let mut cmd = Command::new(&args.runtime);
+    cmd.arg("--root")
+        .arg(&args.runtime_root)
+        .arg("--log")
+        .arg(&args.runtime_log)
+        .arg("--log-format")
+        .arg("json")
+        .arg("create");
     if let Some(p) = &args.console_socket {
-        cmd.arg("--root")
-            .arg(&args.runtime_root)
-            .arg("--log")
-            .arg(&args.runtime_log)
-            .arg("--log-format")
-            .arg("json")
-            .arg("create")
-            .arg("--console-socket")
-            .arg(p);
-    } else {
-        cmd.arg("--root")
-            .arg(&args.runtime_root)
-            .arg("--log")
-            .arg(&args.runtime_log)
-            .arg("--log-format")
-            .arg("json")
-            .arg("create");
+        cmd.arg("--console-socket").arg(p);
     }
     cmd.arg("--bundle")
         .arg(&args.bundle)

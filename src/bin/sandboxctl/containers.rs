@@ -150,17 +150,7 @@ pub async fn resolve_container(
         .map_err(|s| grpc_err("ListContainers", s))?
         .into_inner()
         .containers;
-    let hits: Vec<_> = items
-        .into_iter()
-        .filter(|p| p.id.starts_with(prefix))
-        .collect();
-    match hits.len() {
-        0 => Ok(prefix.to_string()),
-        1 => Ok(hits[0].id.clone()),
-        n => Err(format!(
-            "id prefix {prefix:?} is ambiguous ({n} containers)"
-        )),
-    }
+    super::pick(items.into_iter().map(|c| c.id), prefix, "containers")
 }
 
 pub async fn ps(
@@ -220,30 +210,28 @@ pub async fn logs(
     id: &str,
     follow: bool,
 ) -> Result<(), String> {
-    let s = c
-        .container_status(cri::ContainerStatusRequest {
-            container_id: id.to_string(),
-            verbose: false,
-        })
-        .await
-        .map_err(|s| grpc_err("ContainerStatus", s))?
-        .into_inner()
-        .status
-        .unwrap_or_default();
+    let s = ctr_status(c, id).await?;
     if s.log_path.is_empty() {
         return Err(format!("container {id} has no log file (no log_path)"));
     }
     let path = PathBuf::from(&s.log_path);
-    let mut offset = 0usize;
+    let mut offset = 0u64;
     let mut pending = String::new();
     loop {
-        let data = std::fs::read(&path).unwrap_or_default();
-        if data.len() < offset {
-            offset = 0; // rotated
+        // Only what was appended since the last read (from the start again after a rotation).
+        let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        if len < offset {
+            offset = 0;
         }
-        let new = String::from_utf8_lossy(&data[offset..]).into_owned();
-        offset = data.len();
-        pending.push_str(&new);
+        let mut new = Vec::new();
+        if let Ok(mut f) = std::fs::File::open(&path) {
+            use std::io::{Read, Seek, SeekFrom};
+            if f.seek(SeekFrom::Start(offset)).is_ok() {
+                let _ = f.read_to_end(&mut new);
+            }
+        }
+        offset += new.len() as u64;
+        pending.push_str(&String::from_utf8_lossy(&new));
         while let Some(nl) = pending.find('\n') {
             let line: String = pending.drain(..=nl).collect();
             let mut f = line.trim_end_matches('\n').splitn(4, ' ');
@@ -262,27 +250,32 @@ pub async fn logs(
         if !follow {
             return Ok(());
         }
-        let st = c
-            .container_status(cri::ContainerStatusRequest {
-                container_id: id.to_string(),
-                verbose: false,
-            })
-            .await
-            .map_err(|s| grpc_err("ContainerStatus", s))?
-            .into_inner()
-            .status
-            .unwrap_or_default();
-        if st.state != cri::ContainerState::ContainerRunning as i32 {
+        if ctr_status(c, id).await?.state != cri::ContainerState::ContainerRunning as i32 {
             // One last read after the exit, then stop.
             tokio::time::sleep(Duration::from_millis(100)).await;
-            let data = std::fs::read(&path).unwrap_or_default();
-            if data.len() == offset {
+            if std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0) == offset {
                 return Ok(());
             }
             continue;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// ContainerStatus of `id` (not verbose).
+async fn ctr_status(
+    c: &mut RuntimeServiceClient<Channel>,
+    id: &str,
+) -> Result<cri::ContainerStatus, String> {
+    Ok(c.container_status(cri::ContainerStatusRequest {
+        container_id: id.to_string(),
+        verbose: false,
+    })
+    .await
+    .map_err(|s| grpc_err("ContainerStatus", s))?
+    .into_inner()
+    .status
+    .unwrap_or_default())
 }
 
 /// A crictl-style container config (snake_case or lowerCamel; enums as numbers or names).
@@ -434,7 +427,7 @@ struct CtrNs {
 pub fn load_container_config(path: &Path) -> Result<cri::ContainerConfig, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let c: CtrJson = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    const MODES: &[&str] = &["POD", "CONTAINER", "NODE", "TARGET"];
+    use super::MODES;
     const PROPAGATION: &[&str] = &[
         "PROPAGATION_PRIVATE",
         "PROPAGATION_HOST_TO_CONTAINER",

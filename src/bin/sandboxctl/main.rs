@@ -150,7 +150,7 @@ enum Cmd {
     },
     /// CPU and memory of running containers (ListContainerStats).
     Stats {
-        /// Only this pod's (full id).
+        /// Only this pod's (id or unique prefix).
         #[arg(long, short)]
         pod: Option<String>,
     },
@@ -469,12 +469,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                 .map_err(|s| grpc_err("Exec", s))?
                 .into_inner()
                 .url;
-            let code = tokio::task::spawn_blocking(move || streams::exec(&url, interactive, tty))
-                .await
-                .map_err(|e| e.to_string())??;
-            if code != 0 {
-                std::process::exit(code);
-            }
+            run_session(url, interactive, tty).await?;
         }
         Cmd::Attach {
             id,
@@ -494,12 +489,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                 .map_err(|s| grpc_err("Attach", s))?
                 .into_inner()
                 .url;
-            let code = tokio::task::spawn_blocking(move || streams::exec(&url, interactive, tty))
-                .await
-                .map_err(|e| e.to_string())??;
-            if code != 0 {
-                std::process::exit(code);
-            }
+            run_session(url, interactive, tty).await?;
         }
         Cmd::PortForward { pod, ports } => {
             let pod = resolve(&mut c, &pod).await?;
@@ -673,16 +663,43 @@ async fn resolve(c: &mut RuntimeServiceClient<Channel>, prefix: &str) -> Result<
         .map_err(|s| grpc_err("ListPodSandbox", s))?
         .into_inner()
         .items;
-    let hits: Vec<_> = items
+    pick(items.into_iter().map(|p| p.id), prefix, "pods")
+}
+
+/// Runs an exec or attach session on its streaming URL; exits with the command's non-zero code.
+async fn run_session(url: String, stdin: bool, tty: bool) -> Result<(), String> {
+    let code = tokio::task::spawn_blocking(move || streams::exec(&url, stdin, tty))
+        .await
+        .map_err(|e| e.to_string())??;
+    if code != 0 {
+        std::process::exit(code);
+    }
+    Ok(())
+}
+
+/// The one id of `ids` starting with `prefix`; `prefix` itself when none does; an error naming
+/// `kind` when several do.
+pub(crate) fn pick(
+    ids: impl IntoIterator<Item = String>,
+    prefix: &str,
+    kind: &str,
+) -> Result<String, String> {
+    let hits: Vec<String> = ids
         .into_iter()
-        .filter(|p| p.id.starts_with(prefix))
+        .filter(|id| id.starts_with(prefix))
         .collect();
-    match hits.len() {
-        0 => Ok(prefix.to_string()),
-        1 => Ok(hits[0].id.clone()),
-        n => Err(format!("id prefix {prefix:?} is ambiguous ({n} pods)")),
+    match hits.as_slice() {
+        [] => Ok(prefix.to_string()),
+        [one] => Ok(one.clone()),
+        _ => Err(format!(
+            "id prefix {prefix:?} is ambiguous ({} {kind})",
+            hits.len()
+        )),
     }
 }
+
+/// CRI `NamespaceMode` names, by value.
+pub(crate) const MODES: &[&str] = &["POD", "CONTAINER", "NODE", "TARGET"];
 
 /// The first 13 characters of an id, as tables show it.
 fn short(id: &str) -> &str {
@@ -811,7 +828,6 @@ impl EnumJson {
 fn load_pod_config(path: &Path) -> Result<cri::PodSandboxConfig, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let p: PodJson = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    const MODES: &[&str] = &["POD", "CONTAINER", "NODE", "TARGET"];
     const PROTOS: &[&str] = &["TCP", "UDP", "SCTP"];
     let mut ports = Vec::new();
     for pm in &p.port_mappings {
@@ -975,7 +991,7 @@ mod bench {
         let mut c = client(&ch);
         let mut sel = HashMap::new();
         sel.insert("sandboxctl-bench".to_string(), run_id.clone());
-        let left = c
+        let left_pods = c
             .list_pod_sandbox(cri::ListPodSandboxRequest {
                 filter: Some(cri::PodSandboxFilter {
                     label_selector: sel.clone(),
@@ -999,7 +1015,7 @@ mod bench {
             .into_inner()
             .containers
             .len();
-        let left = left + left_containers;
+        let left = left_pods + left_containers;
         // Give asynchronous teardown (another runtime's netns cleanup) a moment before the audit.
         tokio::time::sleep(Duration::from_millis(200)).await;
         let (ns_after, shm_after) = (netns_count(netns_dir), shm_mounts());
@@ -1032,7 +1048,7 @@ mod bench {
             "label": label, "pods": pods, "completed": ok, "concurrency": conc, "share_pid": share_pid,
             "runtime_handler": p.runtime, "containers_per_pod": k, "image": p.image, "wall_s": wall, "pods_per_s": ok as f64 / wall,
             "rpcs": rows, "errors": errors.iter().take(5).collect::<Vec<_>>(), "error_count": errors.len(),
-            "leaks": { "sandboxes_listed": left, "netns_files": ns_after as i64 - ns_before as i64, "shm_mounts": shm_after as i64 - shm_before as i64 },
+            "leaks": { "sandboxes_listed": left_pods, "containers_listed": left_containers, "netns_files": ns_after as i64 - ns_before as i64, "shm_mounts": shm_after as i64 - shm_before as i64 },
         });
         if output == Output::Json {
             println!("{}", serde_json::to_string(&report).unwrap());
@@ -1062,13 +1078,8 @@ mod bench {
                     ns_after as i64 - ns_before as i64,
                     shm_after as i64 - shm_before as i64,
                 );
-                return if left > 0 || !errors.is_empty() {
-                    Err(format!("{} errors, {left} objects left", errors.len()))
-                } else {
-                    Ok(())
-                };
-            }
-            println!(
+            } else {
+                println!(
                 "| {label} | {} | {conc} | {pods} | {:.1} | {} | {} | {} | {} | {left}/{:+}/{:+} |",
                 if share_pid {
                     "shared PID (infra)"
@@ -1083,6 +1094,7 @@ mod bench {
                 ns_after as i64 - ns_before as i64,
                 shm_after as i64 - shm_before as i64,
             );
+            }
         } else {
             println!("{label} pods={pods} concurrency={conc} share_pid={share_pid}: {:.1} pods/s ({ok} completed, {} errors) in {wall:.2}s", ok as f64 / wall, errors.len());
             println!(
@@ -1100,7 +1112,7 @@ mod bench {
                 );
             }
             println!(
-                "leaks: {left} sandboxes listed, {:+} netns files, {:+} shm mounts",
+                "leaks: {left_pods} sandboxes and {left_containers} containers listed, {:+} netns files, {:+} shm mounts",
                 ns_after as i64 - ns_before as i64,
                 shm_after as i64 - shm_before as i64
             );
@@ -1109,7 +1121,10 @@ mod bench {
             }
         }
         if left > 0 || !errors.is_empty() {
-            return Err(format!("{} errors, {left} sandboxes left", errors.len()));
+            return Err(format!(
+                "{} errors, {left_pods} sandboxes and {left_containers} containers left",
+                errors.len()
+            ));
         }
         Ok(())
     }
