@@ -69,9 +69,7 @@ impl Drop for Guard {
                 .output();
         }
         let _ = std::fs::remove_dir_all(&self.base);
-        for h in sandboxd::cgroups::hierarchies() {
-            let _ = std::fs::remove_dir(h.mount_point.join(CGROUP_PARENT.trim_start_matches('/')));
-        }
+        let _ = sandboxd::cgroups::remove(CGROUP_PARENT);
     }
 }
 

@@ -142,22 +142,25 @@ pub fn usage(cgroup: &str) -> Usage {
 }
 
 /// Removes `cgroup` (an empty directory once its containers are deleted) from every
-/// hierarchy. A missing one is fine; a busy one is an error naming it.
+/// hierarchy; each is tried. A missing one is fine; a busy one is an error naming it.
 pub fn remove(cgroup: &str) -> Result<(), HostError> {
     if cgroup.split('/').any(|c| c == "..") || cgroup.trim_matches('/').is_empty() {
         return Err(HostError::Other(format!(
             "refusing to remove cgroup {cgroup:?}"
         )));
     }
+    let mut first_err = None;
     for h in hierarchies() {
         let d = join(&h.mount_point, cgroup);
         match std::fs::remove_dir(&d) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(HostError::io("remove cgroup", &d, e)),
+            Err(e) => {
+                first_err.get_or_insert(HostError::io("remove cgroup", &d, e));
+            }
         }
     }
-    Ok(())
+    first_err.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]

@@ -68,12 +68,19 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The topmost mount at exactly `path`, if any.
+/// The topmost mount at exactly `path`, if any. mountinfo names real paths, so the parent of
+/// `path` is resolved first (its last component is not followed, as `UMOUNT_NOFOLLOW` does not).
 pub fn mounted_at(path: &Path) -> Result<Option<MountInfo>, HostError> {
+    let real = match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) => std::fs::canonicalize(dir)
+            .map(|d| d.join(name))
+            .unwrap_or_else(|_| path.to_path_buf()),
+        _ => path.to_path_buf(),
+    };
     Ok(mountinfo()?
         .into_iter()
         .rev()
-        .find(|m| m.mount_point == path))
+        .find(|m| m.mount_point == real))
 }
 
 /// Mounts the pod's shm: a tmpfs at `path`, mode 1777, nosuid/nodev/noexec, `size` bytes.
@@ -157,8 +164,7 @@ pub fn make_shared_dir(dir: &Path) -> Result<(), HostError> {
     // propagation each bind doubles the mounts there.
     let real = std::fs::canonicalize(dir).map_err(|e| HostError::io("resolve", dir, e))?;
     let dir = real.as_path();
-    let table = mountinfo()?;
-    if let Some(m) = table.iter().rev().find(|m| m.mount_point == dir) {
+    if let Some(m) = mounted_at(dir)? {
         if m.optional.iter().any(|o| o.starts_with("shared:")) {
             return Ok(());
         }

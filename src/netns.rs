@@ -32,20 +32,18 @@ pub struct PinRequest {
     pub hostname: Option<String>,
 }
 
-/// Creates and pins the requested namespaces. On error nothing requested is left behind.
-pub fn pin(req: &PinRequest) -> Result<(), HostError> {
-    pin_in_background(req)?.wait()
-}
-
 /// Namespaces being pinned on their own thread while the caller goes on (RunPodSandbox writes
-/// the record that names them meanwhile); [`Pinning::wait`] returns what [`pin`] would.
-pub struct Pinning(std::thread::JoinHandle<Result<(), HostError>>);
+/// the record that names them meanwhile); [`Pinning::wait`] says whether it worked. On error
+/// nothing requested is left behind. `None`: nothing was requested.
+pub struct Pinning(Option<std::thread::JoinHandle<Result<(), HostError>>>);
 
 impl Pinning {
     pub fn wait(self) -> Result<(), HostError> {
+        let Some(handle) = self.0 else {
+            return Ok(());
+        };
         let t = std::time::Instant::now();
-        let r = self
-            .0
+        let r = handle
             .join()
             .map_err(|_| HostError::Other("namespace thread panicked".into()))?;
         WAIT_NANOS.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -62,13 +60,15 @@ pub fn pin_wait() -> Duration {
     Duration::from_nanos(WAIT_NANOS.load(Ordering::Relaxed))
 }
 
-/// Starts [`pin`]'s work and returns once the namespace files exist: the namespaces are made
-/// and bind-mounted onto them on a dedicated thread. (The files are created here, on the
-/// caller's thread, so the thread does no filesystem metadata work that would queue behind a
-/// record's fsync running meanwhile.)
+/// Creates and pins the requested namespaces: returns once the namespace files exist; the
+/// namespaces are made and bind-mounted onto them on a dedicated thread. (The files are created
+/// here, on the caller's thread, so the thread does no filesystem metadata work that would
+/// queue behind a record's fsync running meanwhile.) Their dirs must exist.
 pub fn pin_in_background(req: &PinRequest) -> Result<Pinning, HostError> {
-    let req = req.clone();
-    let (targets, flags) = targets(&req);
+    let (targets, flags) = targets(req);
+    if targets.is_empty() {
+        return Ok(Pinning(None));
+    }
     for (i, (path, _)) in targets.iter().enumerate() {
         if let Err(e) = create_empty_file(path) {
             for (made, _) in &targets[..i] {
@@ -77,10 +77,11 @@ pub fn pin_in_background(req: &PinRequest) -> Result<Pinning, HostError> {
             return Err(e);
         }
     }
+    let (req, files) = (req.clone(), targets.clone());
     std::thread::Builder::new()
         .name("ns-pin".into())
-        .spawn(move || enter_and_mount(&req, flags))
-        .map(Pinning)
+        .spawn(move || enter_and_mount(&req, &files, flags))
+        .map(|h| Pinning(Some(h)))
         .map_err(|e| {
             for (path, _) in &targets {
                 let _ = remove(path);
@@ -112,11 +113,11 @@ fn targets(req: &PinRequest) -> (Vec<(PathBuf, &'static str)>, CloneFlags) {
 
 /// On a thread of its own: unshares, sets up `lo` and the hostname, and bind-mounts each new
 /// namespace onto its (existing, empty) file; on error removes every file.
-fn enter_and_mount(req: &PinRequest, flags: CloneFlags) -> Result<(), HostError> {
-    let (targets, _) = targets(req);
-    if targets.is_empty() {
-        return Ok(());
-    }
+fn enter_and_mount(
+    req: &PinRequest,
+    targets: &[(PathBuf, &'static str)],
+    flags: CloneFlags,
+) -> Result<(), HostError> {
     let result = (|| {
         nix::sched::unshare(flags)
             .map_err(|e| HostError::sys("unshare namespaces for", &targets[0].0, e))?;
@@ -128,7 +129,7 @@ fn enter_and_mount(req: &PinRequest, flags: CloneFlags) -> Result<(), HostError>
                 HostError::sys("set hostname in", req.uts.clone().unwrap_or_default(), e)
             })?;
         }
-        for (path, kind) in &targets {
+        for (path, kind) in targets {
             let src = format!("/proc/thread-self/ns/{kind}");
             mount(
                 Some(src.as_str()),
@@ -142,7 +143,7 @@ fn enter_and_mount(req: &PinRequest, flags: CloneFlags) -> Result<(), HostError>
         Ok(())
     })();
     if result.is_err() {
-        for (path, _) in &targets {
+        for (path, _) in targets {
             let _ = remove(path);
         }
     }
@@ -150,9 +151,6 @@ fn enter_and_mount(req: &PinRequest, flags: CloneFlags) -> Result<(), HostError>
 }
 
 fn create_empty_file(path: &Path) -> Result<(), HostError> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| HostError::io("create dir", parent, e))?;
-    }
     OpenOptions::new()
         .write(true)
         .create_new(true)

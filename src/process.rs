@@ -25,14 +25,15 @@ pub fn alive(pid: i32) -> bool {
     pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
 }
 
+/// The pid in a pid file (decimal, surrounding whitespace ignored), if there is one.
+pub fn read_pid(pid_file: &std::path::Path) -> Option<i32> {
+    std::fs::read_to_string(pid_file).ok()?.trim().parse().ok()
+}
+
 /// SIGKILLs the process whose pid a runtime wrote to `pid_file` (an exec'd command: killing
 /// only the runtime or its helper would orphan it inside the container).
 pub fn kill_pid_file(pid_file: &std::path::Path) {
-    if let Some(pid) = std::fs::read_to_string(pid_file)
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok())
-        .filter(|p| *p > 0)
-    {
+    if let Some(pid) = read_pid(pid_file).filter(|p| *p > 0) {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
             nix::sys::signal::Signal::SIGKILL,

@@ -68,11 +68,7 @@ impl ContainerFiles {
 
     /// The monitor's pid, if recorded.
     pub fn monitor_pid(&self) -> Option<i32> {
-        std::fs::read_to_string(&self.monitor_pid_file)
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        process::read_pid(&self.monitor_pid_file)
     }
 }
 

@@ -246,13 +246,14 @@ impl SandboxRecord {
 
     /// The pod's cgroup (records from before `pod_cgroup` existed: the parent in use then).
     pub fn pod_cgroup(&self, cfg: &crate::Config) -> String {
-        if !self.pod_cgroup.is_empty() {
-            self.pod_cgroup.clone()
+        let c = if !self.pod_cgroup.is_empty() {
+            &self.pod_cgroup
         } else if !self.config.cgroup_parent.is_empty() {
-            self.config.cgroup_parent.clone()
+            &self.config.cgroup_parent
         } else {
-            cfg.cgroup_parent.clone()
-        }
+            &cfg.cgroup_parent
+        };
+        c.trim_end_matches('/').to_string()
     }
 }
 

@@ -1,5 +1,6 @@
-//! RemovePodSandbox: stop if needed → delete containers from the runtime → unmount shm →
-//! remove the sandbox dir → remove namespace files → release the name → drop the record.
+//! RemovePodSandbox: stop if needed (which closes the namespace files and unmounts the shm) →
+//! delete containers from the runtime → remove the sandbox dir → release the name → drop the
+//! record.
 //! Best effort within a call (every step is tried, all errors are returned); an unknown id
 //! is success.
 
@@ -47,16 +48,7 @@ pub(crate) fn teardown(rt: &Runtime, entry: &SandboxEntry, rollback: bool) -> Re
             Err(e) => errors.push(e),
         }
     }
-    if let Some(shm) = &rec.shm {
-        if let Err(e) = crate::mounts::unmount_all(shm) {
-            errors.push(Error::step("unmount shm", &rec.id, e));
-        }
-    }
-    for p in [&rec.netns, &rec.ipcns, &rec.utsns].into_iter().flatten() {
-        if let Err(e) = crate::netns::remove(p) {
-            errors.push(Error::step("remove namespace file", &rec.id, e));
-        }
-    }
+    // The shm and the namespace files are gone: stop_locked returned Ok only after both.
     if !errors.is_empty() {
         return Error::collect(errors);
     }

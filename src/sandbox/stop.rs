@@ -203,20 +203,25 @@ fn stop_infra(rt: &Runtime, rec: &SandboxRecord, infra: &InfraRecord) -> Result<
 /// Waits until the monitor wrote the exit file, or (monitor gone) the process is gone.
 pub(crate) fn wait_exit(files: &ContainerFiles, pid: i32, limit: Duration) -> Result<(), String> {
     let started = Instant::now();
-    let r = wait_exit_inner(files, pid, limit);
+    let r = wait_exit_since(started, files, pid, limit);
     crate::process::account_wait(started.elapsed());
     r
 }
 
-fn wait_exit_inner(files: &ContainerFiles, pid: i32, limit: Duration) -> Result<(), String> {
-    let started = Instant::now();
+fn wait_exit_since(
+    started: Instant,
+    files: &ContainerFiles,
+    pid: i32,
+    limit: Duration,
+) -> Result<(), String> {
     let deadline = started + limit;
+    let monitor = files.monitor_pid(); // written before create returned; never changes
     let mut delay = Duration::from_micros(100);
     loop {
         if files.exit().is_some() {
             return Ok(());
         }
-        let monitor_alive = files.monitor_pid().is_some_and(crate::process::alive);
+        let monitor_alive = monitor.is_some_and(crate::process::alive);
         if !monitor_alive && !crate::process::alive(pid) {
             return Ok(());
         }

@@ -365,12 +365,7 @@ impl Drop for Env {
         for d in left {
             let _ = std::fs::remove_dir(d);
         }
-        for h in sandboxd::cgroups::hierarchies() {
-            let _ = std::fs::remove_dir(
-                h.mount_point
-                    .join(self.cfg.cgroup_parent.trim_start_matches('/')),
-            );
-        }
+        let _ = sandboxd::cgroups::remove(&self.cfg.cgroup_parent);
         let _ = Command::new("ip")
             .args(["link", "del", &self.bridge])
             .output();

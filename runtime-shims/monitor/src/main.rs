@@ -421,9 +421,7 @@ fn monitor(args: &Args, mut report: File) -> i32 {
     };
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
-    // Not fsynced: the monitor's pid means nothing after a reboot, and tmp + rename is atomic
-    // for a daemon that restarts.
-    if let Err(e) = write_atomic(&args.monitor_pid_file, format!("{me}\n").as_bytes(), false) {
+    if let Err(e) = write_atomic(&args.monitor_pid_file, format!("{me}\n").as_bytes()) {
         return fail(
             &mut report,
             format!("write {}: {e}", args.monitor_pid_file.display()),
@@ -622,7 +620,7 @@ fn monitor(args: &Args, mut report: File) -> i32 {
     let (code, signal, _, at) = exit.expect("loop ends only after the exit");
     let sig = signal.map_or_else(|| "null".to_string(), |s| s.to_string());
     let line = format!("{{\"exit_code\":{code},\"signal\":{sig},\"exited_at\":\"{at}\"}}\n");
-    let _ = write_atomic(&args.exit_file, line.as_bytes(), true);
+    let _ = write_atomic(&args.exit_file, line.as_bytes());
     reap_all();
     0
 }
@@ -730,8 +728,10 @@ fn set_nonblocking(fd: &OwnedFd) {
     }
 }
 
-/// tmp + (fsync when `durable`) + rename.
-fn write_atomic(path: &Path, data: &[u8], durable: bool) -> std::io::Result<()> {
+/// tmp + rename: a daemon that restarts sees the old content or the new, never a torn file.
+/// Not fsynced: the monitor's pid and the container's exit mean nothing after a reboot (the
+/// container is gone either way), and a fsync here would sit on every stop's path.
+fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     {
         let mut f = OpenOptions::new()
@@ -741,9 +741,6 @@ fn write_atomic(path: &Path, data: &[u8], durable: bool) -> std::io::Result<()> 
             .mode(0o600)
             .open(&tmp)?;
         f.write_all(data)?;
-        if durable {
-            f.sync_all()?;
-        }
     }
     std::fs::rename(&tmp, path)
 }
