@@ -25,6 +25,14 @@ pub fn alive(pid: i32) -> bool {
     pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
 }
 
+/// A process's exit as a shell reports it: its code, or 128 + the signal that killed it.
+pub fn exit_code(s: &ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    s.code()
+        .or_else(|| s.signal().map(|n| 128 + n))
+        .unwrap_or(255)
+}
+
 /// The pid in a pid file (decimal, surrounding whitespace ignored), if there is one.
 pub fn read_pid(pid_file: &std::path::Path) -> Option<i32> {
     std::fs::read_to_string(pid_file).ok()?.trim().parse().ok()

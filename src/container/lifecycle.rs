@@ -319,11 +319,7 @@ pub(crate) fn exec_sync(
     };
     let stdout = collect(out);
     let stderr = collect(err);
-    use std::os::unix::process::ExitStatusExt;
-    let exit_code = status
-        .code()
-        .or_else(|| status.signal().map(|s| 128 + s))
-        .unwrap_or(255);
+    let exit_code = crate::process::exit_code(&status);
     Ok(ExecResult {
         stdout,
         stderr,

@@ -11,11 +11,15 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress};
-
 use super::spdy::{
-    control, data, read_frame_blocking, DICTIONARY, FLAG_FIN, RST_STREAM, SYN_REPLY, SYN_STREAM,
+    control, data, read_frame_blocking, HeaderCodec, FLAG_FIN, GOAWAY, PING, RST_STREAM, SYN_REPLY,
+    SYN_STREAM,
 };
+use crate::lock;
+
+/// The connection's write side: every frame (the reader's ping replies too) is written whole
+/// under this lock, with the header compressor, whose context spans the connection.
+type Writer = Arc<Mutex<(TcpStream, HeaderCodec)>>;
 
 /// What a stream delivers.
 #[derive(Debug)]
@@ -31,15 +35,11 @@ struct Shared {
 }
 
 pub struct Session {
-    writer: Mutex<(TcpStream, Compress)>,
+    writer: Writer,
     shared: Arc<Mutex<Shared>>,
     next_id: AtomicU32,
     /// The negotiated protocol (`X-Stream-Protocol-Version` of the response).
     pub protocol: String,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Session {
@@ -85,20 +85,16 @@ impl Session {
                     .then(|| v.trim().to_string())
             })
             .unwrap_or_else(|| "channel.k8s.io".into());
-        let mut deflate = Compress::new(Compression::default(), true);
-        deflate
-            .set_dictionary(DICTIONARY)
-            .map_err(|e| e.to_string())?;
         let shared = Arc::new(Mutex::new(Shared {
             streams: HashMap::new(),
             replies: HashMap::new(),
         }));
         let mut rd = tcp.try_clone().map_err(|e| e.to_string())?;
-        let sh = shared.clone();
-        let pong = tcp.try_clone().map_err(|e| e.to_string())?;
-        std::thread::spawn(move || reader(&mut rd, &sh, pong));
+        let writer: Writer = Arc::new(Mutex::new((tcp, HeaderCodec::new())));
+        let (sh, w) = (shared.clone(), writer.clone());
+        std::thread::spawn(move || reader(&mut rd, &sh, &w));
         Ok(Session {
-            writer: Mutex::new((tcp, deflate)),
+            writer,
             shared,
             next_id: AtomicU32::new(1),
             protocol,
@@ -118,16 +114,7 @@ impl Session {
         }
         {
             let mut w = lock(&self.writer);
-            let mut nv = (headers.len() as u32).to_be_bytes().to_vec();
-            for (k, v) in headers {
-                nv.extend_from_slice(&(k.len() as u32).to_be_bytes());
-                nv.extend_from_slice(k.to_ascii_lowercase().as_bytes());
-                nv.extend_from_slice(&(v.len() as u32).to_be_bytes());
-                nv.extend_from_slice(v.as_bytes());
-            }
-            let mut block = Vec::with_capacity(nv.len() + 4096);
-            w.1.compress_vec(&nv, &mut block, FlushCompress::Sync)
-                .map_err(|e| e.to_string())?;
+            let block = w.1.encode(headers);
             let mut body = id.to_be_bytes().to_vec();
             body.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
             body.extend_from_slice(&block);
@@ -160,17 +147,19 @@ impl Session {
     }
 }
 
-fn reader(rd: &mut TcpStream, shared: &Mutex<Shared>, mut pong: TcpStream) {
-    let mut inflate = Decompress::new(true);
+fn reader(rd: &mut TcpStream, shared: &Mutex<Shared>, writer: &Writer) {
+    // The server's header blocks share one decompression context: decode each to keep it.
+    let mut codec = HeaderCodec::new();
     while let Ok((ctrl, typ, flags, stream, body)) = read_frame_blocking(rd) {
         if !ctrl {
-            let s = lock(shared);
+            let mut s = lock(shared);
             if let Some(tx) = s.streams.get(&stream) {
                 if !body.is_empty() {
                     let _ = tx.send(Event::Data(body));
                 }
                 if flags & FLAG_FIN != 0 {
                     let _ = tx.send(Event::End);
+                    s.streams.remove(&stream); // the server sends nothing more on it
                 }
             }
             continue;
@@ -181,22 +170,7 @@ fn reader(rd: &mut TcpStream, shared: &Mutex<Shared>, mut pong: TcpStream) {
             .unwrap_or(0);
         match typ {
             SYN_REPLY => {
-                // Keep the inflate context in step with the server's header blocks.
-                let mut out = Vec::with_capacity(4096);
-                let block = &body[4.min(body.len())..];
-                let start = inflate.total_in();
-                while ((inflate.total_in() - start) as usize) < block.len() {
-                    let done = (inflate.total_in() - start) as usize;
-                    match inflate.decompress_vec(&block[done..], &mut out, FlushDecompress::Sync) {
-                        Ok(_) => out.reserve(4096),
-                        Err(e) if e.needs_dictionary().is_some() => {
-                            if inflate.set_dictionary(DICTIONARY).is_err() {
-                                break;
-                            }
-                        }
-                        Err(_) => break,
-                    }
-                }
+                let _ = codec.decode(&body[4.min(body.len())..]);
                 if let Some(r) = lock(shared).replies.remove(&id) {
                     let _ = r.send(true);
                 }
@@ -206,15 +180,15 @@ fn reader(rd: &mut TcpStream, shared: &Mutex<Shared>, mut pong: TcpStream) {
                 if let Some(r) = s.replies.remove(&id) {
                     let _ = r.send(false);
                 }
-                if let Some(tx) = s.streams.get(&id) {
+                if let Some(tx) = s.streams.remove(&id) {
                     let _ = tx.send(Event::End);
                 }
             }
             // Answer the server's pings (even ids).
-            6 if body.len() == 4 && id.is_multiple_of(2) => {
-                let _ = pong.write_all(&control(6, 0, &body));
+            PING if body.len() == 4 && id.is_multiple_of(2) => {
+                let _ = lock(writer).0.write_all(&control(PING, 0, &body));
             }
-            7 => break,
+            GOAWAY => break,
             _ => {}
         }
     }

@@ -290,11 +290,7 @@ pub async fn exec(
     cleanup();
     match status {
         Ok(s) => {
-            use std::os::unix::process::ExitStatusExt;
-            let code = s
-                .code()
-                .or_else(|| s.signal().map(|n| 128 + n))
-                .unwrap_or(255);
+            let code = crate::process::exit_code(&s);
             if code != 0 && !own_err.is_empty() && !tty {
                 tracing::debug!(container_id = %id, stderr = %String::from_utf8_lossy(&own_err), "exec stderr");
             }

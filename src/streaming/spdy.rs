@@ -373,14 +373,27 @@ async fn session<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     let idle = server.idle_timeout();
     let reader_out = out.clone();
     let reader = tokio::spawn(async move {
+        // Frames are read by a task of their own: a timed-out wait for the next one must not
+        // abandon a frame half-read (read_frame is not cancel-safe; a channel receive is).
+        let (frame_tx, mut frames) = mpsc::channel::<std::io::Result<Frame>>(1);
+        let frame_reader = tokio::spawn(async move {
+            loop {
+                let f = read_frame(&mut rd).await;
+                let end = f.is_err();
+                if frame_tx.send(f).await.is_err() || end {
+                    return;
+                }
+            }
+        });
+        let _stop_reading = AbortOnDrop(frame_reader);
         let mut codec = HeaderCodec::new();
         let mut inbound: HashMap<u32, mpsc::Sender<Bytes>> = HashMap::new();
         let mut last_id = 0u32;
         loop {
             let seen = activity.load(Ordering::Relaxed);
-            let frame = match tokio::time::timeout(idle, read_frame(&mut rd)).await {
-                Ok(Ok(f)) => f,
-                Ok(Err(_)) => break,
+            let frame = match tokio::time::timeout(idle, frames.recv()).await {
+                Ok(Some(Ok(f))) => f,
+                Ok(_) => break,
                 Err(_) if activity.load(Ordering::Relaxed) != seen => continue,
                 Err(_) => {
                     tracing::info!("streaming session idle past {idle:?}; closing");
@@ -434,8 +447,7 @@ async fn session<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                         reader_out.send(control(PING, 0, &body));
                     }
                     GOAWAY => break,
-                    SYN_REPLY | SETTINGS | WINDOW_UPDATE | HEADERS => {}
-                    _ => {}
+                    _ => {} // SYN_REPLY, SETTINGS, WINDOW_UPDATE, HEADERS: nothing to do
                 },
                 Frame::Data {
                     stream,
@@ -486,6 +498,15 @@ async fn session<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     ));
     drop(out);
     let _ = writer.await;
+}
+
+/// Aborts a task when dropped (also when the task holding it is aborted).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Newline-separated (or concatenated) JSON terminal sizes.
@@ -618,22 +639,23 @@ async fn run_portforward(
             .cloned()
             .unwrap_or_else(|| o.id.to_string());
         let typ = o.headers.get("streamtype").cloned().unwrap_or_default();
+        if typ != "error" && typ != "data" {
+            out.send(control(
+                RST_STREAM,
+                0,
+                &[o.id.to_be_bytes(), 1u32.to_be_bytes()].concat(),
+            ));
+            continue;
+        }
         let entry = pending.entry(req.clone()).or_default();
-        match typ.as_str() {
-            "error" => entry.0 = Some(o),
-            "data" => entry.1 = Some(o),
-            _ => {
-                out.send(control(
-                    RST_STREAM,
-                    0,
-                    &[o.id.to_be_bytes(), 1u32.to_be_bytes()].concat(),
-                ));
-                continue;
-            }
+        if typ == "error" {
+            entry.0 = Some(o);
+        } else {
+            entry.1 = Some(o);
         }
         if let (Some(_), Some(_)) = (&entry.0, &entry.1) {
-            let (Some(err), Some(data)) = pending.remove(&req).unwrap_or((None, None)) else {
-                continue;
+            let Some((Some(err), Some(data))) = pending.remove(&req) else {
+                continue; // (both were just seen)
             };
             let port = data
                 .headers

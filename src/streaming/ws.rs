@@ -4,10 +4,13 @@
 //! channel. Port forward: port i on channels 2i (data) and 2i+1 (error), each opened by the
 //! port as two little-endian bytes.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use base64::Engine;
 use bytes::Bytes;
+use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
@@ -140,21 +143,65 @@ fn decode(b64: bool, m: Message) -> Option<(u8, Vec<u8>)> {
 
 type Ws = WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
 
-async fn run_exec(server: &StreamingServer, ws: Ws, proto: &str, p: &super::Process) {
-    let (tty, want_in, want_out, want_err) = (p.tty, p.stdin, p.stdout, p.stderr);
-    let b64 = proto.contains("base64");
-    let v5 = proto == "v5.channel.k8s.io";
-    let v4 = v5 || proto.starts_with("v4.");
-    let (mut sink, mut stream) = ws.split();
-    let (out_tx, mut out_rx) = mpsc::channel::<Message>(32);
-    let writer = tokio::spawn(async move {
-        while let Some(m) = out_rx.recv().await {
+/// The writer task: sends what arrives on the returned channel in order, counting each message
+/// as activity for the idle timeout (traffic either way keeps a session alive, as in SPDY), and
+/// closes the socket when the channel ends.
+fn spawn_writer(
+    mut sink: SplitSink<Ws, Message>,
+    cap: usize,
+    activity: Arc<AtomicU64>,
+) -> (mpsc::Sender<Message>, tokio::task::JoinHandle<()>) {
+    let (tx, mut rx) = mpsc::channel::<Message>(cap);
+    let task = tokio::spawn(async move {
+        while let Some(m) = rx.recv().await {
+            activity.fetch_add(1, Ordering::Relaxed);
             if sink.send(m).await.is_err() {
                 return;
             }
         }
         let _ = sink.close().await;
     });
+    (tx, task)
+}
+
+/// The client's next channel message; `None` once it closes or fails, or after `idle` without
+/// traffic in either direction.
+async fn next_msg(
+    stream: &mut SplitStream<Ws>,
+    idle: Duration,
+    activity: &AtomicU64,
+    b64: bool,
+) -> Option<(u8, Vec<u8>)> {
+    loop {
+        let seen = activity.load(Ordering::Relaxed);
+        match tokio::time::timeout(idle, stream.next()).await {
+            Ok(Some(Ok(m))) => {
+                activity.fetch_add(1, Ordering::Relaxed);
+                if m.is_close() {
+                    return None;
+                }
+                if let Some(msg) = decode(b64, m) {
+                    return Some(msg);
+                }
+            }
+            Ok(_) => return None,
+            Err(_) if activity.load(Ordering::Relaxed) != seen => {}
+            Err(_) => {
+                tracing::info!("streaming session idle past {idle:?}; closing");
+                return None;
+            }
+        }
+    }
+}
+
+async fn run_exec(server: &StreamingServer, ws: Ws, proto: &str, p: &super::Process) {
+    let (tty, want_in, want_out, want_err) = (p.tty, p.stdin, p.stdout, p.stderr);
+    let b64 = proto.contains("base64");
+    let v5 = proto == "v5.channel.k8s.io";
+    let v4 = v5 || proto.starts_with("v4.");
+    let (sink, mut stream) = ws.split();
+    let activity = Arc::new(AtomicU64::new(0));
+    let (out_tx, writer) = spawn_writer(sink, 32, activity.clone());
     // Opened: one empty message on the lowest channel the server writes.
     let first = if want_out {
         1
@@ -171,17 +218,7 @@ async fn run_exec(server: &StreamingServer, ws: Ws, proto: &str, p: &super::Proc
     let idle = server.idle_timeout();
     let reader = tokio::spawn(async move {
         let mut stdin_tx = Some(stdin_tx);
-        loop {
-            let m = match tokio::time::timeout(idle, stream.next()).await {
-                Ok(Some(Ok(m))) => m,
-                _ => break,
-            };
-            if m.is_close() {
-                break;
-            }
-            let Some((ch, data)) = decode(b64, m) else {
-                continue;
-            };
+        while let Some((ch, data)) = next_msg(&mut stream, idle, &activity, b64).await {
             match ch {
                 0 => {
                     if let Some(tx) = &stdin_tx {
@@ -275,15 +312,8 @@ async fn run_portforward(
         let _ = sink.close().await;
         return;
     }
-    let (out_tx, mut out_rx) = mpsc::channel::<Message>(64);
-    let writer = tokio::spawn(async move {
-        while let Some(m) = out_rx.recv().await {
-            if sink.send(m).await.is_err() {
-                return;
-            }
-        }
-        let _ = sink.close().await;
-    });
+    let activity = Arc::new(AtomicU64::new(0));
+    let (out_tx, writer) = spawn_writer(sink, 64, activity.clone());
     let mut inbound = Vec::new();
     let mut tasks = Vec::new();
     for (i, port) in ports.iter().enumerate() {
@@ -314,17 +344,7 @@ async fn run_portforward(
     let idle = server.idle_timeout();
     let reader = tokio::spawn(async move {
         let mut inbound: Vec<Option<mpsc::Sender<Bytes>>> = inbound.into_iter().map(Some).collect();
-        loop {
-            let m = match tokio::time::timeout(idle, stream.next()).await {
-                Ok(Some(Ok(m))) => m,
-                _ => break,
-            };
-            if m.is_close() {
-                break;
-            }
-            let Some((ch, data)) = decode(b64, m) else {
-                continue;
-            };
+        while let Some((ch, data)) = next_msg(&mut stream, idle, &activity, b64).await {
             let i = (ch / 2) as usize;
             if ch % 2 == 0 {
                 if let Some(Some(tx)) = inbound.get(i) {
