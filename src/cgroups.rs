@@ -16,9 +16,9 @@ pub struct Hierarchy {
 
 /// Every cgroup hierarchy mounted in this mount namespace (read once: the layout does not
 /// change while the daemon runs).
-pub fn hierarchies() -> Vec<Hierarchy> {
+pub fn hierarchies() -> &'static [Hierarchy] {
     static CACHE: std::sync::OnceLock<Vec<Hierarchy>> = std::sync::OnceLock::new();
-    CACHE.get_or_init(read_hierarchies).clone()
+    CACHE.get_or_init(read_hierarchies)
 }
 
 fn read_hierarchies() -> Vec<Hierarchy> {

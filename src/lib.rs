@@ -257,9 +257,7 @@ impl Runtime {
     /// is `NotFound`.
     pub fn container_status(&self, id: &str) -> Result<ContainerRecord> {
         let e = self.container_entry(id)?;
-        container::lifecycle::refresh(&e);
-        let r = lock(&e.record).clone();
-        Ok(r)
+        Ok(container::lifecycle::refresh(&e))
     }
 
     /// The record as it stands (no refresh).
@@ -274,10 +272,7 @@ impl Runtime {
         let entries: Vec<_> = lock(&self.registry).containers.values().cloned().collect();
         let mut out: Vec<ContainerRecord> = entries
             .iter()
-            .map(|e| {
-                container::lifecycle::refresh(e);
-                lock(&e.record).clone()
-            })
+            .map(|e| container::lifecycle::refresh(e))
             .filter(|r| filter.matches(r))
             .collect();
         out.sort_by_key(|r| (r.created_at, r.id.clone()));

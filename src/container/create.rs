@@ -169,10 +169,7 @@ fn build(
     failpoint::hit("create:rootfs");
 
     let user = spec::resolve_user(&rec.config, &image.config, &rec.rootfs())?;
-    let hostname = std::fs::read_to_string(sb.dir.join("hostname"))
-        .unwrap_or_default()
-        .trim()
-        .to_string();
+    let hostname = sb.config.effective_hostname();
     let oci = spec::build(&Inputs {
         id,
         sandbox_id: &sb.id,
@@ -275,7 +272,6 @@ fn namespaces(
 /// Looks each requested device up on the host; a privileged container also gets every
 /// device node of the host's /dev (as containerd and CRI-O do), its own requests winning.
 fn devices(c: &ContainerConfig) -> Result<Vec<spec::DeviceNode>> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let mut out = Vec::new();
     if c.security.privileged {
         host_devices(std::path::Path::new("/dev"), &mut out);
@@ -289,25 +285,14 @@ fn devices(c: &ContainerConfig) -> Result<Vec<spec::DeviceNode>> {
         let m = std::fs::metadata(&d.host_path).map_err(|e| {
             Error::InvalidArgument(format!("devices.host_path {}: {e}", d.host_path))
         })?;
-        let typ = if m.file_type().is_char_device() {
-            "c"
-        } else if m.file_type().is_block_device() {
-            "b"
-        } else {
-            return Err(Error::InvalidArgument(format!(
-                "devices.host_path {} is not a device node",
-                d.host_path
-            )));
-        };
-        let rdev = m.rdev();
-        out.push(spec::DeviceNode {
-            container_path: d.container_path.clone(),
-            typ: typ.to_string(),
-            major: nix::sys::stat::major(rdev) as i64,
-            minor: nix::sys::stat::minor(rdev) as i64,
-            mode: m.mode() & 0o7777,
-            permissions: d.permissions.clone(),
-        });
+        let node =
+            device_node(d.container_path.clone(), &m, d.permissions.clone()).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "devices.host_path {} is not a device node",
+                    d.host_path
+                ))
+            })?;
+        out.push(node);
     }
     Ok(out)
 }
@@ -315,7 +300,6 @@ fn devices(c: &ContainerConfig) -> Result<Vec<spec::DeviceNode>> {
 /// Every char and block device below `dir`, skipping the directories a container gets its
 /// own of (pts, shm, mqueue) and never following symlinks.
 fn host_devices(dir: &std::path::Path, out: &mut Vec<spec::DeviceNode>) {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let Ok(rd) = std::fs::read_dir(dir) else {
         return;
     };
@@ -324,8 +308,7 @@ fn host_devices(dir: &std::path::Path, out: &mut Vec<spec::DeviceNode>) {
         let Ok(m) = std::fs::symlink_metadata(&p) else {
             continue;
         };
-        let ft = m.file_type();
-        if ft.is_dir() {
+        if m.file_type().is_dir() {
             if !matches!(
                 e.file_name().to_str(),
                 Some("pts" | "shm" | "mqueue" | ".lxc" | ".udev")
@@ -334,27 +317,42 @@ fn host_devices(dir: &std::path::Path, out: &mut Vec<spec::DeviceNode>) {
             }
             continue;
         }
-        let typ = if ft.is_char_device() {
-            "c"
-        } else if ft.is_block_device() {
-            "b"
-        } else {
-            continue;
-        };
         // /dev/console is the container's own terminal, /dev/ptmx comes with devpts.
         if p == std::path::Path::new("/dev/console") || p == std::path::Path::new("/dev/ptmx") {
             continue;
         }
-        let rdev = m.rdev();
-        out.push(spec::DeviceNode {
-            container_path: p.to_string_lossy().into_owned(),
-            typ: typ.to_string(),
-            major: nix::sys::stat::major(rdev) as i64,
-            minor: nix::sys::stat::minor(rdev) as i64,
-            mode: m.mode() & 0o7777,
-            permissions: "rwm".into(),
-        });
+        out.extend(device_node(
+            p.to_string_lossy().into_owned(),
+            &m,
+            "rwm".into(),
+        ));
     }
+}
+
+/// The device node `m` describes, as `container_path` with cgroup `permissions`; `None` if
+/// it is not a char or block device.
+fn device_node(
+    container_path: String,
+    m: &std::fs::Metadata,
+    permissions: String,
+) -> Option<spec::DeviceNode> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let typ = if m.file_type().is_char_device() {
+        "c"
+    } else if m.file_type().is_block_device() {
+        "b"
+    } else {
+        return None;
+    };
+    let rdev = m.rdev();
+    Some(spec::DeviceNode {
+        container_path,
+        typ: typ.to_string(),
+        major: nix::sys::stat::major(rdev) as i64,
+        minor: nix::sys::stat::minor(rdev) as i64,
+        mode: m.mode() & 0o7777,
+        permissions,
+    })
 }
 
 /// Applies `f` to the record and persists it (in memory only before the dir exists).

@@ -17,14 +17,12 @@ const MAX_EXEC_OUTPUT: usize = 16 << 20;
 pub(crate) fn start(rt: &Runtime, id: &str) -> Result<()> {
     let entry = rt.container_entry(id)?;
     let _op = lock(&entry.op);
-    refresh(&entry);
-    let rec = lock(&entry.record).clone();
-    if rec.state != ContainerState::Created {
-        return Err(Error::FailedPrecondition(format!(
+    let rec = require(&entry, &[ContainerState::Created], |r| {
+        format!(
             "container {} is {:?}, only a created container can be started",
-            rec.id, rec.state
-        )));
-    }
+            r.id, r.state
+        )
+    })?;
     let runtime = rt.handler(&rec.runtime_handler)?;
     // Taken before the call: the process may run (and exit) before `start` returns.
     let started = now_nanos();
@@ -49,17 +47,17 @@ pub(crate) fn start(rt: &Runtime, id: &str) -> Result<()> {
 }
 
 /// Folds an exit the monitor recorded into the record (persisted once).
-pub(crate) fn refresh(entry: &ContainerEntry) {
+pub(crate) fn refresh(entry: &ContainerEntry) -> ContainerRecord {
     let rec = lock(&entry.record).clone();
     if !matches!(
         rec.state,
         ContainerState::Created | ContainerState::Running | ContainerState::Unknown
     ) {
-        return;
+        return rec;
     }
     let files = rec.files();
     let Some(exit) = files.exit() else {
-        return;
+        return rec;
     };
     let finished = std::fs::metadata(&files.exit_file)
         .and_then(|m| m.modified())
@@ -82,6 +80,22 @@ pub(crate) fn refresh(entry: &ContainerEntry) {
             r.reason = reason.into();
         }
     });
+    lock(&entry.record).clone()
+}
+
+/// The refreshed record, if the container is in one of the `ok` states; else
+/// FailedPrecondition with `msg`.
+fn require(
+    entry: &ContainerEntry,
+    ok: &[ContainerState],
+    msg: impl FnOnce(&ContainerRecord) -> String,
+) -> Result<ContainerRecord> {
+    let rec = refresh(entry);
+    if ok.contains(&rec.state) {
+        Ok(rec)
+    } else {
+        Err(Error::FailedPrecondition(msg(&rec)))
+    }
 }
 
 /// StopContainer: the stop signal, `timeout` to exit, then SIGKILL. Zero timeout kills now.
@@ -95,8 +109,7 @@ pub(crate) fn stop(rt: &Runtime, id: &str, timeout: Duration) -> Result<()> {
 }
 
 pub(crate) fn stop_locked(rt: &Runtime, entry: &ContainerEntry, timeout: Duration) -> Result<()> {
-    refresh(entry);
-    let rec = lock(&entry.record).clone();
+    let rec = refresh(entry);
     if !matches!(
         rec.state,
         ContainerState::Running | ContainerState::Created | ContainerState::Unknown
@@ -223,14 +236,9 @@ pub(crate) fn exec_sync(
     timeout: Duration,
 ) -> Result<ExecResult> {
     let entry = rt.container_entry(id)?;
-    refresh(&entry);
-    let rec = lock(&entry.record).clone();
-    if rec.state != ContainerState::Running {
-        return Err(Error::FailedPrecondition(format!(
-            "container {} is not running ({:?})",
-            rec.id, rec.state
-        )));
-    }
+    let rec = require(&entry, &[ContainerState::Running], |r| {
+        format!("container {} is not running ({:?})", r.id, r.state)
+    })?;
     if cmd.is_empty() {
         return Err(Error::InvalidArgument("cmd must not be empty".into()));
     }
@@ -333,17 +341,17 @@ pub(crate) fn update_resources(rt: &Runtime, id: &str, res: &Resources) -> Resul
     super::spec::validate_resources(res)?;
     let entry = rt.container_entry(id)?;
     let _op = lock(&entry.op);
-    refresh(&entry);
-    let rec = lock(&entry.record).clone();
-    if !matches!(rec.state, ContainerState::Created | ContainerState::Running) {
-        return Err(Error::FailedPrecondition(format!(
+    let ok = [ContainerState::Created, ContainerState::Running];
+    let rec = require(&entry, &ok, |r| {
+        format!(
             "container {} is {:?}; only a created or running container can be updated",
-            rec.id, rec.state
-        )));
-    }
+            r.id, r.state
+        )
+    })?;
+    // A one-off input of `runtime update`, not state: no fsync.
     let file = rec.dir.join("resources.json");
-    crate::state::write_json_atomic(&file, &super::spec::resources_json(res))
-        .map_err(|e| Error::step("write resources", &rec.id, e))?;
+    std::fs::write(&file, super::spec::resources_json(res).to_string())
+        .map_err(|e| Error::step("write resources", &rec.id, HostError::io("write", &file, e)))?;
     let runtime = rt.handler(&rec.runtime_handler)?;
     runtime
         .update(&rec.id, &file, &rec.files().runtime_log)
@@ -354,14 +362,12 @@ pub(crate) fn update_resources(rt: &Runtime, id: &str, res: &Resources) -> Resul
 /// ReopenContainerLog: the monitor reopens the log file (after kubelet rotated it).
 pub(crate) fn reopen_log(rt: &Runtime, id: &str) -> Result<()> {
     let entry = rt.container_entry(id)?;
-    refresh(&entry);
-    let rec = lock(&entry.record).clone();
-    if rec.state != ContainerState::Running {
-        return Err(Error::FailedPrecondition(format!(
+    let rec = require(&entry, &[ContainerState::Running], |r| {
+        format!(
             "container {} is not running; its log cannot be reopened",
-            rec.id
-        )));
-    }
+            r.id
+        )
+    })?;
     let pid = rec
         .files()
         .monitor_pid()

@@ -62,7 +62,6 @@ fn register(rt: &Runtime, rec: ContainerRecord) {
     }
     if state == ContainerState::Creating {
         tracing::info!(container_id = %id, "rolling back a container whose creation was interrupted");
-        let _ = super::lifecycle::stop_locked(rt, &entry, std::time::Duration::ZERO);
         match super::lifecycle::teardown(rt, &entry) {
             Ok(()) => super::lifecycle::unregister(rt, &entry),
             Err(e) => {
@@ -86,8 +85,7 @@ pub(crate) fn reconcile(rt: &Runtime) {
             }
             continue;
         }
-        super::lifecycle::refresh(&entry);
-        let rec = lock(&entry.record).clone();
+        let rec = super::lifecycle::refresh(&entry);
         if matches!(rec.state, ContainerState::Running | ContainerState::Created) {
             let files = rec.files();
             let monitor_alive = files.monitor_pid().is_some_and(crate::process::alive);

@@ -12,9 +12,7 @@ use serde_json::{json, Value};
 use super::{ContainerConfig, Propagation, Seccomp};
 use crate::error::{Error, Result};
 use crate::image::ExecConfig;
-use crate::oci::spec::{oci_capability, DEFAULT_CAPABILITIES};
-
-const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+use crate::oci::spec::{DEFAULT_CAPABILITIES, DEFAULT_PATH};
 
 /// The masked and read-only paths a container gets unless kubelet sends its own lists
 /// (the same defaults as containerd and runc's spec template).
@@ -309,12 +307,7 @@ pub fn capabilities(c: &ContainerConfig) -> Result<BTreeSet<String>> {
     Ok(set
         .into_iter()
         .filter(|c| last.contains(c))
-        .map(|c| {
-            serde_json::to_value(oci_capability(c))
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_else(|| c.to_string())
-        })
+        .map(|c| c.to_string()) // `CAP_…`, the OCI name
         .collect())
 }
 

@@ -75,6 +75,10 @@ fn mount(dest: &str, typ: &str, source: &Path, options: &[&str]) -> Result<Mount
         .map_err(|e| HostError::Other(format!("mount {dest}: {e}")))
 }
 
+/// The PATH a process gets when neither the image nor the config sets one.
+pub(crate) const DEFAULT_PATH: &str =
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 /// One mount of the standard container filesystem: destination, type, source, options.
 pub(crate) type StdMount = (&'static str, &'static str, &'static str, Vec<&'static str>);
 
@@ -160,9 +164,7 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
                 .map_err(|e| err("user", e))?,
         )
         .args(vec!["/pause".to_string()])
-        .env(vec![
-            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
-        ])
+        .env(vec![DEFAULT_PATH.to_string()])
         .cwd("/")
         .no_new_privileges(true)
         .capabilities(capabilities)

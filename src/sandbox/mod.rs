@@ -98,6 +98,14 @@ impl PodSandboxConfig {
         let m = &self.metadata;
         format!("k8s_POD_{}_{}_{}_{}", m.name, m.namespace, m.uid, m.attempt)
     }
+    /// The pod's hostname: the configured one, else the pod name (at most 63 characters).
+    pub fn effective_hostname(&self) -> String {
+        if self.hostname.is_empty() {
+            self.metadata.name.chars().take(63).collect()
+        } else {
+            self.hostname.clone()
+        }
+    }
     pub fn host_network(&self) -> bool {
         self.namespace_options.network == NamespaceMode::Node
     }

@@ -388,11 +388,7 @@ fn validate_config(rt: &Runtime, c: &PodSandboxConfig) -> Result<Plan> {
             "label and annotation keys must not be empty".into(),
         ));
     }
-    let hostname = if c.hostname.is_empty() {
-        m.name.chars().take(63).collect::<String>()
-    } else {
-        c.hostname.clone()
-    };
+    let hostname = c.effective_hostname();
     validate::hostname(&hostname)?;
     if !c.log_directory.is_empty() && !c.log_directory.starts_with('/') {
         return Err(Error::InvalidArgument(format!(
