@@ -128,6 +128,16 @@ impl Runtime {
             let p = cfg.root.join(d);
             std::fs::create_dir_all(&p).map_err(|e| error::HostError::io("create", &p, e))?;
         }
+        // Attach and console/exec sockets: ours alone.
+        for d in ["attach", "exec"] {
+            use std::os::unix::fs::DirBuilderExt;
+            let p = cfg.root.join(d);
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&p)
+                .map_err(|e| error::HostError::io("create", &p, e))?;
+        }
         restrict_root(&cfg.root)?;
         for d in [&cfg.netns_dir, &cfg.ipcns_dir, &cfg.utsns_dir] {
             mounts::make_shared_dir(d)?;

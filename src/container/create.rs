@@ -200,17 +200,6 @@ fn build(
             })?;
         }
     }
-    for dir in [&rec.attach_socket, &rec.console_socket]
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p.parent())
-    {
-        use std::os::unix::fs::DirBuilderExt;
-        let _ = std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir);
-    }
     let runtime = rt.handler(&rec.runtime_handler)?;
     let files = rec.files();
     let pid = runtime

@@ -181,7 +181,7 @@ async fn pull_from(
     let result = async {
         let mut blobs: Vec<PathBuf> = Vec::new();
         for layer in &manifest.layers {
-            let dest = store.blob_file(&layer.digest).map_err(|e| e.to_string())?;
+            let dest = store.blob_path(&layer.digest).map_err(|e| e.to_string())?;
             if !dest.exists() {
                 let part = tmp.join(layer.digest.replace(':', "-"));
                 let mut f = tokio::fs::File::create(&part)
@@ -192,12 +192,9 @@ async fn pull_from(
                     .await
                     .map_err(|e| format!("layer {}: {}", layer.digest, chain(&e)))?;
                 drop(f);
-                let mut f = std::fs::File::open(&part)
-                    .map_err(|e| format!("open {}: {e}", part.display()))?;
                 store
-                    .put_blob(&layer.digest, &mut f)
+                    .adopt_blob(&layer.digest, &part)
                     .map_err(|e| e.to_string())?;
-                let _ = std::fs::remove_file(&part);
             }
             size += std::fs::metadata(&dest).map(|m| m.len()).unwrap_or(0);
             blobs.push(dest);

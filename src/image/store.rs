@@ -58,6 +58,37 @@ pub struct ImageStore {
     pub dir: PathBuf,
 }
 
+/// Copies `r` to `w` while hashing it; an error unless the content is `digest`.
+fn copy_verified(
+    r: &mut dyn Read,
+    w: &mut dyn std::io::Write,
+    digest: &str,
+    dest: &Path,
+) -> Result<u64> {
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut size = 0u64;
+    loop {
+        let n = r
+            .read(&mut buf)
+            .map_err(|e| herr(HostError::io("read blob for", dest, e)))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        w.write_all(&buf[..n])
+            .map_err(|e| herr(HostError::io("write blob for", dest, e)))?;
+        size += n as u64;
+    }
+    let got = format!("sha256:{}", hex(&hasher.finalize()));
+    if got != digest {
+        return Err(bad(&format!(
+            "blob content is {got}, not the expected {digest}; rejected"
+        )));
+    }
+    Ok(size)
+}
+
 fn herr(e: HostError) -> Error {
     Error::Host(e)
 }
@@ -89,13 +120,9 @@ impl ImageStore {
         Ok(ImageStore { dir })
     }
 
-    fn blob_path(&self, digest: &str) -> Result<PathBuf> {
-        Ok(self.dir.join("blobs/sha256").join(digest_hex(digest)?))
-    }
-
     /// Where a blob is (or would be) stored.
-    pub fn blob_file(&self, digest: &str) -> Result<PathBuf> {
-        self.blob_path(digest)
+    pub fn blob_path(&self, digest: &str) -> Result<PathBuf> {
+        Ok(self.dir.join("blobs/sha256").join(digest_hex(digest)?))
     }
 
     /// The unpacked dir of a layer (an overlay lowerdir).
@@ -115,33 +142,29 @@ impl ImageStore {
             .join(format!("blob-{}", crate::validate::new_id()));
         let result = (|| {
             let mut f = File::create(&tmp).map_err(|e| herr(HostError::io("create", &tmp, e)))?;
-            let mut hasher = sha2::Sha256::new();
-            let mut buf = vec![0u8; 64 * 1024];
-            let mut size = 0u64;
-            loop {
-                let n = r
-                    .read(&mut buf)
-                    .map_err(|e| herr(HostError::io("read blob for", &dest, e)))?;
-                if n == 0 {
-                    break;
-                }
-                hasher.update(&buf[..n]);
-                std::io::Write::write_all(&mut f, &buf[..n])
-                    .map_err(|e| herr(HostError::io("write", &tmp, e)))?;
-                size += n as u64;
-            }
-            let got = format!("sha256:{}", hex(&hasher.finalize()));
-            if got != digest {
-                return Err(bad(&format!(
-                    "blob content is {got}, not the expected {digest}; rejected"
-                )));
-            }
+            let size = copy_verified(r, &mut f, digest, &dest)?;
             f.sync_all()
                 .map_err(|e| herr(HostError::io("fsync", &tmp, e)))?;
             std::fs::rename(&tmp, &dest).map_err(|e| herr(HostError::io("rename", &dest, e)))?;
             Ok(size)
         })();
         let _ = std::fs::remove_file(&tmp);
+        result
+    }
+
+    /// Moves a downloaded blob file (under this store's dir) into the store once it matches
+    /// `digest`, without a second copy; returns its size. The file is gone afterwards.
+    pub fn adopt_blob(&self, digest: &str, file: &Path) -> Result<u64> {
+        let dest = self.blob_path(digest)?;
+        let result = (|| {
+            let mut f = File::open(file).map_err(|e| herr(HostError::io("open", file, e)))?;
+            let size = copy_verified(&mut f, &mut std::io::sink(), digest, &dest)?;
+            f.sync_all()
+                .map_err(|e| herr(HostError::io("fsync", file, e)))?;
+            std::fs::rename(file, &dest).map_err(|e| herr(HostError::io("rename", &dest, e)))?;
+            Ok(size)
+        })();
+        let _ = std::fs::remove_file(file);
         result
     }
 

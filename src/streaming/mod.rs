@@ -452,12 +452,7 @@ impl StreamingServer {
 
     /// Where console sockets of exec sessions live (short paths: sun_path is 108 bytes).
     pub(crate) fn sock_dir(&self) -> PathBuf {
-        let d = self.rt.config().root.join("exec");
-        if !d.is_dir() {
-            use std::os::unix::fs::DirBuilderExt;
-            let _ = std::fs::DirBuilder::new().mode(0o700).create(&d);
-        }
-        d
+        self.rt.config().root.join("exec") // made (0700) by Runtime::new
     }
 
     /// The attach socket of a running container.
