@@ -155,10 +155,7 @@ fn exec_mode(argv: Vec<String>) -> ! {
         Ok(s) => die(&format!("runtime exec failed: {s}")),
         Err(e) => die(&format!("runtime exec: {e}")),
     }
-    let pid: i32 = std::fs::read_to_string(&pid_file)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or_else(|| die("runtime exec wrote no pid"));
+    let pid = read_pid(&pid_file).unwrap_or_else(|| die("runtime exec wrote no pid"));
     loop {
         let mut status = 0;
         // SAFETY: waitpid with a pointer to a local status word.
@@ -257,6 +254,11 @@ fn bind_listener(
     }
     let _ = l.set_nonblocking(true);
     Ok(Some(l))
+}
+
+/// The pid a runtime wrote to `path`.
+fn read_pid(path: &Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
 fn die(msg: &str) -> ! {
@@ -407,10 +409,7 @@ fn monitor(args: &Args, mut report: File) -> i32 {
             format!("{} create failed ({code}): {msg}", args.runtime.display()),
         );
     }
-    let pid: i32 = match std::fs::read_to_string(&args.pid_file)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-    {
+    let pid = match read_pid(&args.pid_file) {
         Some(p) => p,
         None => {
             return fail(
@@ -494,11 +493,8 @@ fn monitor(args: &Args, mut report: File) -> i32 {
         }
         for (i, s) in streams.iter_mut().enumerate() {
             if pfds[i].revents != 0 {
-                s.read_into(&mut log);
-                let fresh = std::mem::take(&mut s.fresh);
-                for c in clients.iter_mut() {
-                    c.queue(i as u8 + 1, &fresh);
-                }
+                s.read_into(&mut log, !clients.is_empty());
+                serve(&mut clients, i, s);
             }
         }
         if pfds[3].revents != 0 {
@@ -599,12 +595,15 @@ fn monitor(args: &Args, mut report: File) -> i32 {
         }
     }
     for (i, s) in streams.iter_mut().enumerate() {
-        s.finish(&mut log);
-        let fresh = std::mem::take(&mut s.fresh);
-        for c in clients.iter_mut() {
-            c.queue(i as u8 + 1, &fresh);
-        }
+        s.finish(&mut log, !clients.is_empty());
+        serve(&mut clients, i, s);
     }
+    // The log is complete: record the exit now, so a stop waiting for it does not also wait
+    // for slow attach clients below.
+    let (code, signal, _, at) = exit.expect("loop ends only after the exit");
+    let sig = signal.map_or_else(|| "null".to_string(), |s| s.to_string());
+    let line = format!("{{\"exit_code\":{code},\"signal\":{sig},\"exited_at\":\"{at}\"}}\n");
+    let _ = write_atomic(&args.exit_file, line.as_bytes());
     // Give attached clients their last output, then close them (EOF = the container exited).
     for c in clients.iter_mut() {
         let _ = c.sock.set_nonblocking(false);
@@ -617,10 +616,6 @@ fn monitor(args: &Args, mut report: File) -> i32 {
     if let Some(p) = &args.attach_socket {
         let _ = std::fs::remove_file(p);
     }
-    let (code, signal, _, at) = exit.expect("loop ends only after the exit");
-    let sig = signal.map_or_else(|| "null".to_string(), |s| s.to_string());
-    let line = format!("{{\"exit_code\":{code},\"signal\":{sig},\"exited_at\":\"{at}\"}}\n");
-    let _ = write_atomic(&args.exit_file, line.as_bytes());
     reap_all();
     0
 }
@@ -807,7 +802,8 @@ impl Stream {
         }
     }
 
-    fn read_into(&mut self, log: &mut LogFile) {
+    /// Reads what is there into the log; `tee`: also keep it for the attach clients.
+    fn read_into(&mut self, log: &mut LogFile, tee: bool) {
         let mut chunk = [0u8; 8192];
         loop {
             // SAFETY: reading into an owned stack buffer of the given length.
@@ -827,21 +823,34 @@ impl Stream {
                 return;
             }
             self.buf.extend_from_slice(&chunk[..n as usize]);
-            self.fresh.extend_from_slice(&chunk[..n as usize]);
+            if tee {
+                self.fresh.extend_from_slice(&chunk[..n as usize]);
+            }
             for (tag, content) in split_entries(&mut self.buf) {
                 log.entry(self.name, tag, &content);
             }
         }
     }
 
-    fn finish(&mut self, log: &mut LogFile) {
+    fn finish(&mut self, log: &mut LogFile, tee: bool) {
         if !self.closed {
-            self.read_into(log);
+            self.read_into(log, tee);
         }
         if !self.buf.is_empty() {
             let rest = std::mem::take(&mut self.buf);
             log.entry(self.name, 'F', &rest);
         }
+    }
+}
+
+/// Queues what stream `i` read since the last call for every attach client.
+fn serve(clients: &mut [Attached], i: usize, s: &mut Stream) {
+    let fresh = std::mem::take(&mut s.fresh);
+    if fresh.is_empty() {
+        return;
+    }
+    for c in clients.iter_mut() {
+        c.queue(i as u8 + 1, &fresh);
     }
 }
 
