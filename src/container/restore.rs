@@ -9,22 +9,12 @@ use super::create::update;
 use super::*;
 use crate::error::Result;
 use crate::sandbox::now_nanos;
-use crate::{lock, validate, ContainerEntry, Runtime};
+use crate::{lock, ContainerEntry, Runtime};
 
 pub(crate) fn load(rt: &Runtime) -> Result<()> {
     let dir = rt.cfg.root.join("containers");
-    let entries =
-        std::fs::read_dir(&dir).map_err(|e| crate::error::HostError::io("read", &dir, e))?;
-    for e in entries.filter_map(|e| e.ok()) {
-        let path = e.path();
-        let Some(id) = e.file_name().to_str().map(str::to_string) else {
-            continue;
-        };
-        if validate::full_id(&id).is_err() || !e.file_type().is_ok_and(|t| t.is_dir()) {
-            tracing::warn!(path = %path.display(), "ignoring unexpected entry in the container dir");
-            continue;
-        }
-        match crate::state::read_json::<ContainerRecord>(&path.join("state.json")) {
+    for (id, path, rec) in crate::state::record_dirs::<ContainerRecord>(&dir, "container")? {
+        match rec {
             Ok(Some(rec)) if rec.id == id => register(rt, rec),
             Ok(Some(_)) => {
                 tracing::warn!(container_id = %id, "record names another id; leaving it alone")

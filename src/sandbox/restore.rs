@@ -13,18 +13,8 @@ use crate::{lock, validate, Runtime, SandboxEntry};
 
 pub(crate) fn restore(rt: &Runtime) -> Result<()> {
     let dir = rt.cfg.root.join("sandboxes");
-    let entries =
-        std::fs::read_dir(&dir).map_err(|e| crate::error::HostError::io("read", &dir, e))?;
-    for e in entries.filter_map(|e| e.ok()) {
-        let path = e.path();
-        let Some(id) = e.file_name().to_str().map(str::to_string) else {
-            continue;
-        };
-        if validate::full_id(&id).is_err() || !e.file_type().is_ok_and(|t| t.is_dir()) {
-            tracing::warn!(path = %path.display(), "ignoring unexpected entry in the sandbox dir");
-            continue;
-        }
-        match crate::state::read_json::<SandboxRecord>(&path.join("state.json")) {
+    for (id, path, rec) in crate::state::record_dirs::<SandboxRecord>(&dir, "sandbox")? {
+        match rec {
             Ok(Some(rec)) if rec.id == id => {
                 restore_one(rt, rec);
             }

@@ -132,6 +132,10 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) ->
 fn stop_containers(rt: &Runtime, id: &str) -> Result<()> {
     let containers = rt.containers_of(id);
     let grace = rt.cfg.stop_grace;
+    if let [c] = containers.as_slice() {
+        let _op = lock(&c.op);
+        return crate::container::lifecycle::stop_locked(rt, c, grace);
+    }
     let errors: Vec<Error> = std::thread::scope(|s| {
         let handles: Vec<_> = containers
             .iter()

@@ -7,4 +7,6 @@ mod persist;
 
 pub use ids::IdIndex;
 pub use names::NameReservations;
-pub use persist::{disk_usage, read_json, remove_record_dir, sync_wait, write_json_atomic};
+pub use persist::{
+    disk_usage, read_json, record_dirs, remove_record_dir, sync_wait, write_json_atomic,
+};

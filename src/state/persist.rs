@@ -87,6 +87,37 @@ pub fn disk_usage(path: &Path) -> (u64, u64) {
     acc
 }
 
+/// One record dir: its id, its path and its record as [`read_json`] read it.
+pub type RecordDir<T> = (String, std::path::PathBuf, Result<Option<T>, HostError>);
+
+/// What is in a record dir: one subdirectory per full id, each holding `state.json`. Returns
+/// `(id, its dir, its record as read_json reads it)`; other entries are skipped with a
+/// warning naming `kind`.
+pub fn record_dirs<T: DeserializeOwned>(
+    dir: &Path,
+    kind: &str,
+) -> Result<Vec<RecordDir<T>>, HostError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| HostError::io("read", dir, e))?;
+    let mut out = Vec::new();
+    for e in entries.filter_map(|e| e.ok()) {
+        let path = e.path();
+        let id = e.file_name().to_str().map(str::to_string);
+        match id {
+            Some(id)
+                if crate::validate::full_id(&id).is_ok()
+                    && e.file_type().is_ok_and(|t| t.is_dir()) =>
+            {
+                let rec = read_json(&path.join("state.json"));
+                out.push((id, path, rec));
+            }
+            _ => {
+                tracing::warn!(path = %path.display(), "ignoring unexpected entry in the {kind} dir")
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Reads a JSON record; a missing file is `Ok(None)`, a corrupt one an error.
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, HostError> {
     match std::fs::read(path) {

@@ -97,6 +97,15 @@ pub(crate) struct Process {
 }
 
 impl Target {
+    /// The first path segment of its URL.
+    fn kind(&self) -> &'static str {
+        match self {
+            Target::Exec { .. } => "exec",
+            Target::Attach { .. } => "attach",
+            Target::PortForward { .. } => "portforward",
+        }
+    }
+
     /// The process side of an exec or attach target; `None` for port forwarding.
     pub(crate) fn process(&self) -> Option<Process> {
         match self.clone() {
@@ -278,9 +287,9 @@ impl StreamingServer {
         Ok(server)
     }
 
-    /// Checks an exec request and issues its URL.
-    pub fn exec_url(&self, target: Target) -> Result<String> {
-        match target {
+    /// Checks an exec request and issues its URL (for the full id the prefix resolved to).
+    pub fn exec_url(&self, mut target: Target) -> Result<String> {
+        match &mut target {
             Target::Exec {
                 container_id,
                 cmd,
@@ -292,19 +301,8 @@ impl StreamingServer {
                 if cmd.is_empty() {
                     return Err(Error::InvalidArgument("cmd must not be empty".into()));
                 }
-                check_stdio(tty, stdin, stdout, stderr)?;
-                let r = self.running_container(&container_id)?;
-                Ok(self.issue(
-                    "exec",
-                    Target::Exec {
-                        container_id: r.id,
-                        cmd,
-                        tty,
-                        stdin,
-                        stdout,
-                        stderr,
-                    },
-                ))
+                check_stdio(*tty, *stdin, *stdout, *stderr)?;
+                *container_id = self.running_container(container_id)?.id;
             }
             Target::Attach {
                 container_id,
@@ -313,15 +311,15 @@ impl StreamingServer {
                 stdout,
                 stderr,
             } => {
-                check_stdio(tty, stdin, stdout, stderr)?;
-                let r = self.running_container(&container_id)?;
-                if stdin && !r.config.stdin {
+                check_stdio(*tty, *stdin, *stdout, *stderr)?;
+                let r = self.running_container(container_id)?;
+                if *stdin && !r.config.stdin {
                     return Err(Error::InvalidArgument(format!(
                         "stdin: container {} was not created with stdin",
                         r.id
                     )));
                 }
-                if r.config.tty != tty {
+                if r.config.tty != *tty {
                     return Err(Error::InvalidArgument(format!(
                         "tty: container {} was created {} a terminal",
                         r.id,
@@ -334,28 +332,13 @@ impl StreamingServer {
                         r.id
                     )));
                 }
-                Ok(self.issue(
-                    "attach",
-                    Target::Attach {
-                        container_id: r.id,
-                        tty,
-                        stdin,
-                        stdout,
-                        stderr,
-                    },
-                ))
+                *container_id = r.id;
             }
-            Target::PortForward { sandbox_id, ports } => {
-                let s = self.ready_sandbox(&sandbox_id)?;
-                Ok(self.issue(
-                    "portforward",
-                    Target::PortForward {
-                        sandbox_id: s.id,
-                        ports,
-                    },
-                ))
+            Target::PortForward { sandbox_id, .. } => {
+                *sandbox_id = self.ready_sandbox(sandbox_id)?.id;
             }
         }
+        Ok(self.issue(target))
     }
 
     /// The container's record, if it is running (checked when a URL is issued and again when
@@ -382,7 +365,8 @@ impl StreamingServer {
         Ok(r)
     }
 
-    fn issue(&self, kind: &str, target: Target) -> String {
+    fn issue(&self, target: Target) -> String {
+        let kind = target.kind();
         let token = crate::validate::new_id()[..32].to_string();
         let now = Instant::now();
         let mut tokens = lock(&self.tokens);
@@ -400,13 +384,7 @@ impl StreamingServer {
     /// Takes a token: valid once, before it expires.
     fn take(&self, kind: &str, token: &str) -> Option<Target> {
         let p = lock(&self.tokens).remove(token)?;
-        let ok = p.expires > Instant::now()
-            && matches!(
-                (&p.target, kind),
-                (Target::Exec { .. }, "exec")
-                    | (Target::Attach { .. }, "attach")
-                    | (Target::PortForward { .. }, "portforward")
-            );
+        let ok = p.expires > Instant::now() && p.target.kind() == kind;
         ok.then_some(p.target)
     }
 

@@ -48,6 +48,11 @@ pub const EXEC_PROTOCOLS: &[&str] = &[
 ];
 pub const PORTFORWARD_PROTOCOLS: &[&str] = &["portforward.k8s.io"];
 
+/// Does remotecommand `proto` carry terminal resizes (a resize stream, v3 and later)?
+pub fn has_resize(proto: &str) -> bool {
+    proto != "channel.k8s.io" && proto != "v2.channel.k8s.io"
+}
+
 /// A control frame: `1 | version 3 | type | flags | length | body`.
 pub fn control(typ: u16, flags: u8, body: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(8 + body.len());
@@ -555,7 +560,7 @@ async fn run_exec(
     let (container_id, tty, want_in, want_out, want_err) =
         (p.container_id.as_str(), p.tty, p.stdin, p.stdout, p.stderr);
     let v4 = proto.starts_with("v4.") || proto.starts_with("v5.");
-    let resize_expected = tty && proto != "channel.k8s.io" && proto != "v2.channel.k8s.io";
+    let resize_expected = tty && has_resize(proto);
     let expected =
         1 + want_in as usize + want_out as usize + want_err as usize + resize_expected as usize;
     let mut streams: HashMap<String, Opened> = HashMap::new();

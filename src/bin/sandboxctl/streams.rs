@@ -76,7 +76,7 @@ pub fn exec(url: &str, stdin: bool, tty: bool) -> Result<i32, String> {
     } else {
         Some(s.open(&[("streamtype", "stderr")])?.1)
     };
-    let resize = if tty && s.protocol != "channel.k8s.io" && s.protocol != "v2.channel.k8s.io" {
+    let resize = if tty && sandboxd::streaming::spdy::has_resize(&s.protocol) {
         Some(s.open(&[("streamtype", "resize")])?.0)
     } else {
         None
