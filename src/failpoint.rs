@@ -29,3 +29,6 @@ pub const ALL: &[&str] = &[
     "stop:netns",
     "stop:shm",
 ];
+
+/// The failpoints of CreateContainer, in the order it reaches them.
+pub const CONTAINER: &[&str] = &["create:recorded", "create:rootfs", "create:runtime"];

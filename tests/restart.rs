@@ -91,6 +91,12 @@ fn crash_child() {
     let cfg: Config = serde_json::from_str(&cfg).unwrap();
     let pod: PodSandboxConfig = serde_json::from_str(&std::env::var("CRASH_POD").unwrap()).unwrap();
     let rt = Runtime::new(cfg).unwrap();
+    if let Ok(sandbox) = std::env::var("CRASH_SANDBOX") {
+        let c: sandboxd::ContainerConfig =
+            serde_json::from_str(&std::env::var("CRASH_CONTAINER").unwrap()).unwrap();
+        rt.create_container(&sandbox, &c).unwrap();
+        return;
+    }
     let id = rt.run_pod_sandbox(&pod).unwrap();
     if std::env::var("SANDBOXD_FAILPOINT")
         .unwrap()
@@ -146,6 +152,70 @@ fn crash_at_every_step() {
             rt.list_pod_sandboxes(&SandboxFilter::default()).is_empty(),
             "{fp}"
         );
+        env.assert_no_leaks();
+    }
+}
+
+/// For every failpoint of CreateContainer, a child aborts there; a new Runtime then rolls
+/// the half-created container back (no record, no rootfs mount, no runtime container), the
+/// pod stays ready, and after remove nothing at all is left.
+#[test]
+fn crash_while_creating_a_container() {
+    const IMAGE: &str = "sandboxd.test/busybox:latest";
+    let env = Env::new("crashctr");
+    let exe = std::env::current_exe().unwrap();
+    let layout = busybox::oci_layout(&env.base, IMAGE);
+    env.runtime().images().import(&layout, None).unwrap();
+    for (i, fp) in sandboxd::failpoint::CONTAINER.iter().enumerate() {
+        let rt = env.runtime();
+        let sb = rt
+            .run_pod_sandbox(&env.pod(&format!("crashctr{i}"), false))
+            .unwrap();
+        drop(rt);
+        let ctr = sandboxd::ContainerConfig {
+            metadata: sandboxd::ContainerMetadata {
+                name: format!("c{i}"),
+                attempt: 0,
+            },
+            image: IMAGE.into(),
+            command: vec!["sleep".into(), "60".into()],
+            ..Default::default()
+        };
+        let out = Command::new(&exe)
+            .args([
+                "--exact",
+                "crash_child",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("CRASH_CFG", serde_json::to_string(&env.cfg).unwrap())
+            .env("CRASH_POD", "{}")
+            .env("CRASH_SANDBOX", &sb)
+            .env("CRASH_CONTAINER", serde_json::to_string(&ctr).unwrap())
+            .env("SANDBOXD_FAILPOINT", fp)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("failpoint {fp} hit")),
+            "{fp}: child did not reach the failpoint: {stderr}"
+        );
+        let rt = env.runtime();
+        let left = rt.list_containers(&Default::default());
+        assert!(left.is_empty(), "{fp}: containers left: {left:?}");
+        assert_eq!(
+            rt.pod_sandbox_status(&sb).unwrap().state,
+            SandboxState::Ready,
+            "{fp}"
+        );
+        let ctr_dirs = list_names(&env.cfg.root.join("containers"));
+        assert!(
+            ctr_dirs.is_empty(),
+            "{fp}: container dirs left: {ctr_dirs:?}"
+        );
+        env.remove_all(&rt);
+        drop(rt);
         env.assert_no_leaks();
     }
 }
