@@ -106,32 +106,42 @@ fn crash_child() {
     }
 }
 
+/// Runs `crash_child` in a child process with `failpoint` armed and `vars` set; asserts that
+/// it reached the failpoint.
+fn crash_child_at(env: &Env, failpoint: &str, vars: &[(&str, String)]) {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args([
+        "--exact",
+        "crash_child",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("CRASH_CFG", serde_json::to_string(&env.cfg).unwrap())
+    .env("SANDBOXD_FAILPOINT", failpoint);
+    for (k, v) in vars {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("failpoint {failpoint} hit")),
+        "{failpoint}: child did not reach the failpoint: {stderr}"
+    );
+}
+
 /// Test 4b: for every failpoint of run and stop, a child aborts there; a new Runtime then
 /// shows a ready sandbox or nothing (run) or a stopped one (stop), and after remove nothing
 /// at all is left.
 #[test]
 fn crash_at_every_step() {
     let env = Env::new("crash");
-    let exe = std::env::current_exe().unwrap();
     for (i, fp) in sandboxd::failpoint::ALL.iter().enumerate() {
         let pod = env.pod(&format!("crash{i}"), true);
-        let out = Command::new(&exe)
-            .args([
-                "--exact",
-                "crash_child",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("CRASH_CFG", serde_json::to_string(&env.cfg).unwrap())
-            .env("CRASH_POD", serde_json::to_string(&pod).unwrap())
-            .env("SANDBOXD_FAILPOINT", fp)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            stderr.contains(&format!("failpoint {fp} hit")),
-            "{fp}: child did not reach the failpoint: {stderr}"
+        crash_child_at(
+            &env,
+            fp,
+            &[("CRASH_POD", serde_json::to_string(&pod).unwrap())],
         );
         let rt = env.runtime();
         let list = rt.list_pod_sandboxes(&SandboxFilter::default());
@@ -163,7 +173,6 @@ fn crash_at_every_step() {
 fn crash_while_creating_a_container() {
     const IMAGE: &str = "sandboxd.test/busybox:latest";
     let env = Env::new("crashctr");
-    let exe = std::env::current_exe().unwrap();
     let layout = busybox::oci_layout(&env.base, IMAGE);
     env.runtime().images().import(&layout, None).unwrap();
     for (i, fp) in sandboxd::failpoint::CONTAINER.iter().enumerate() {
@@ -181,25 +190,14 @@ fn crash_while_creating_a_container() {
             command: vec!["sleep".into(), "60".into()],
             ..Default::default()
         };
-        let out = Command::new(&exe)
-            .args([
-                "--exact",
-                "crash_child",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("CRASH_CFG", serde_json::to_string(&env.cfg).unwrap())
-            .env("CRASH_POD", "{}")
-            .env("CRASH_SANDBOX", &sb)
-            .env("CRASH_CONTAINER", serde_json::to_string(&ctr).unwrap())
-            .env("SANDBOXD_FAILPOINT", fp)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            stderr.contains(&format!("failpoint {fp} hit")),
-            "{fp}: child did not reach the failpoint: {stderr}"
+        crash_child_at(
+            &env,
+            fp,
+            &[
+                ("CRASH_POD", "{}".to_string()),
+                ("CRASH_SANDBOX", sb.clone()),
+                ("CRASH_CONTAINER", serde_json::to_string(&ctr).unwrap()),
+            ],
         );
         let rt = env.runtime();
         let left = rt.list_containers(&Default::default());
