@@ -141,6 +141,137 @@ pub fn usage(cgroup: &str) -> Usage {
     u
 }
 
+/// What cAdvisor reports of one cgroup (for CRI metrics), v1 or v2; `None` where the
+/// hierarchy does not say.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Detail {
+    pub cpu_nanos: Option<u64>,
+    pub cpu_user_nanos: Option<u64>,
+    pub cpu_system_nanos: Option<u64>,
+    pub cfs_periods: Option<u64>,
+    pub cfs_throttled_periods: Option<u64>,
+    pub cfs_throttled_nanos: Option<u64>,
+    pub memory_bytes: Option<u64>,
+    pub working_set_bytes: Option<u64>,
+    pub rss_bytes: Option<u64>,
+    pub cache_bytes: Option<u64>,
+    pub mapped_file_bytes: Option<u64>,
+    pub swap_bytes: Option<u64>,
+    pub max_usage_bytes: Option<u64>,
+    pub failcnt: Option<u64>,
+    pub oom_kills: Option<u64>,
+    pub memory_limit_bytes: Option<u64>,
+    /// Tasks (threads) now, and the limit.
+    pub tasks: Option<u64>,
+    pub tasks_max: Option<u64>,
+    /// Processes in the cgroup and its descendants.
+    pub processes: Option<u64>,
+}
+
+impl Detail {
+    /// The CPU and memory part, as CRI stats report it.
+    pub fn usage(&self) -> Usage {
+        Usage {
+            cpu_nanos: self.cpu_nanos,
+            memory_bytes: self.memory_bytes,
+            working_set_bytes: self.working_set_bytes,
+        }
+    }
+}
+
+/// The most cgroup dirs [`detail`] walks to count processes (a pod holds a few).
+const MAX_WALK: usize = 1024;
+
+/// Reads [`Detail`] for `cgroup` from whichever hierarchies hold each controller.
+pub fn detail(cgroup: &str) -> Detail {
+    let read = |p: PathBuf| std::fs::read_to_string(p).ok();
+    let num = |p: PathBuf| read(p).and_then(|s| s.trim().parse::<u64>().ok());
+    let u = usage(cgroup);
+    let mut d = Detail {
+        cpu_nanos: u.cpu_nanos,
+        memory_bytes: u.memory_bytes,
+        working_set_bytes: u.working_set_bytes,
+        ..Default::default()
+    };
+    if let Some(dir) = controller_dir("cpuacct", cgroup) {
+        // v1: USER_HZ ticks.
+        if let Some(t) = read(dir.join("cpuacct.stat")) {
+            let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+                .ok()
+                .flatten()
+                .map_or(100, |h| h.max(1) as u64);
+            let ticks = |k| key_value(&t, k).map(|v| v * (1_000_000_000 / hz));
+            d.cpu_user_nanos = ticks("user");
+            d.cpu_system_nanos = ticks("system");
+        }
+    }
+    if let Some(dir) = controller_dir("cpu", cgroup) {
+        if let Some(t) = read(dir.join("cpu.stat")) {
+            let us = |k| key_value(&t, k).map(|v| v * 1000);
+            d.cpu_user_nanos = d.cpu_user_nanos.or_else(|| us("user_usec"));
+            d.cpu_system_nanos = d.cpu_system_nanos.or_else(|| us("system_usec"));
+            d.cfs_periods = key_value(&t, "nr_periods");
+            d.cfs_throttled_periods = key_value(&t, "nr_throttled");
+            d.cfs_throttled_nanos =
+                key_value(&t, "throttled_time").or_else(|| us("throttled_usec"));
+        }
+    }
+    if let Some(dir) = controller_dir("memory", cgroup) {
+        let stat = read(dir.join("memory.stat")).unwrap_or_default();
+        let k = |key| key_value(&stat, key);
+        if dir.join("memory.usage_in_bytes").exists() {
+            d.rss_bytes = k("total_rss");
+            d.cache_bytes = k("total_cache");
+            d.mapped_file_bytes = k("total_mapped_file");
+            d.swap_bytes = k("total_swap");
+            d.max_usage_bytes = num(dir.join("memory.max_usage_in_bytes"));
+            d.failcnt = num(dir.join("memory.failcnt"));
+            d.oom_kills =
+                read(dir.join("memory.oom_control")).and_then(|t| key_value(&t, "oom_kill"));
+            // v1 says "no limit" with a huge number.
+            d.memory_limit_bytes =
+                num(dir.join("memory.limit_in_bytes")).filter(|l| *l < (1 << 62));
+        } else {
+            d.rss_bytes = k("anon");
+            d.cache_bytes = k("file");
+            d.mapped_file_bytes = k("file_mapped");
+            d.swap_bytes = num(dir.join("memory.swap.current"));
+            d.max_usage_bytes = num(dir.join("memory.peak"));
+            d.oom_kills = read(dir.join("memory.events")).and_then(|t| key_value(&t, "oom_kill"));
+            d.memory_limit_bytes = num(dir.join("memory.max"));
+        }
+    }
+    if let Some(dir) = controller_dir("pids", cgroup) {
+        d.tasks = num(dir.join("pids.current"));
+        d.tasks_max = num(dir.join("pids.max"));
+        d.processes = Some(count_procs(&dir));
+    }
+    d
+}
+
+/// Lines of `cgroup.procs` in `dir` and its descendants (at most [`MAX_WALK`] dirs).
+fn count_procs(dir: &Path) -> u64 {
+    let mut todo = vec![dir.to_path_buf()];
+    let (mut n, mut walked) = (0u64, 0usize);
+    while let Some(d) = todo.pop() {
+        walked += 1;
+        if walked > MAX_WALK {
+            break;
+        }
+        if let Ok(t) = std::fs::read_to_string(d.join("cgroup.procs")) {
+            n += t.lines().count() as u64;
+        }
+        if let Ok(rd) = std::fs::read_dir(&d) {
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    todo.push(e.path());
+                }
+            }
+        }
+    }
+    n
+}
+
 /// Removes `cgroup` (an empty directory once its containers are deleted) from every
 /// hierarchy; each is tried. A missing one is fine; a busy one is an error naming it.
 pub fn remove(cgroup: &str) -> Result<(), HostError> {

@@ -19,7 +19,7 @@ pub enum InfraPolicy {
 }
 
 /// One OCI runtime handler (CRI `runtime_handler`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct RuntimeHandler {
     /// The runtime binary (runc, crun, a Kata-style shim-less runtime…).
     pub path: PathBuf,
@@ -29,6 +29,9 @@ pub struct RuntimeHandler {
     /// VM-based runtimes need a sandbox process in every pod.
     #[serde(default)]
     pub needs_sandbox_process: bool,
+    /// Flags given before every subcommand (e.g. runsc's `--platform=ptrace`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runtime_args: Vec<String>,
 }
 
 /// The embedded network used when the CNI conf dir holds no valid config.
@@ -76,6 +79,13 @@ pub struct Config {
     pub runtimes: BTreeMap<String, RuntimeHandler>,
     #[serde(with = "secs")]
     pub runtime_timeout: Duration,
+    /// Bytes of ExecSync output all calls running at once may keep (each call up to 16 MiB):
+    /// concurrent calls cannot add up to more. What is over is read and dropped.
+    pub exec_sync_output_budget: u64,
+    /// GetContainerEvents: events a subscriber may fall behind before it is disconnected.
+    pub events_backlog: usize,
+    /// GetContainerEvents: subscribers connected at once (more are refused).
+    pub events_max_subscribers: usize,
     /// The monitor binary (`sandboxd-monitor`); default: `$SANDBOXD_MONITOR`, else next to the
     /// running executable, else in PATH.
     pub monitor_path: Option<PathBuf>,
@@ -92,6 +102,9 @@ pub struct Config {
     pub stop_grace: Duration,
     /// Per-registry pull settings (mirrors, plain HTTP), keyed by registry host[:port].
     pub registries: BTreeMap<String, crate::image::RegistryConfig>,
+    /// The image store: limits per layer, the free-space reserve, whether compressed layer
+    /// blobs are kept, concurrent downloads per pull.
+    pub images: crate::image::StoreConfig,
     /// The streaming server (exec, port-forward URLs) the daemon runs.
     pub streaming: crate::streaming::StreamingConfig,
 }
@@ -116,8 +129,7 @@ impl Default for Config {
             "runc".to_string(),
             RuntimeHandler {
                 path: find_in_path("runc").unwrap_or_else(|| PathBuf::from("/usr/sbin/runc")),
-                root: None,
-                needs_sandbox_process: false,
+                ..Default::default()
             },
         );
         if let Some(crun) = find_in_path("crun") {
@@ -125,8 +137,18 @@ impl Default for Config {
                 "crun".to_string(),
                 RuntimeHandler {
                     path: crun,
+                    ..Default::default()
+                },
+            );
+        }
+        if let Some(runsc) = find_in_path("runsc") {
+            runtimes.insert(
+                "runsc".to_string(),
+                RuntimeHandler {
+                    runtime_args: crate::oci::runsc::default_args(&runsc),
+                    path: runsc,
                     root: None,
-                    needs_sandbox_process: false,
+                    needs_sandbox_process: true,
                 },
             );
         }
@@ -143,6 +165,9 @@ impl Default for Config {
             default_runtime: "runc".into(),
             runtimes,
             runtime_timeout: Duration::from_secs(60),
+            exec_sync_output_budget: 24 << 20,
+            events_backlog: 1024,
+            events_max_subscribers: 32,
             monitor_path: std::env::var_os("SANDBOXD_MONITOR").map(PathBuf::from),
             pause_path: std::env::var_os("SANDBOXD_PAUSE").map(PathBuf::from),
             infra: InfraPolicy::Auto,
@@ -150,6 +175,7 @@ impl Default for Config {
             cgroup_parent: "/sandboxd".into(),
             stop_grace: Duration::from_secs(10),
             registries: BTreeMap::new(),
+            images: Default::default(),
             streaming: Default::default(),
         }
     }

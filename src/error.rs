@@ -63,9 +63,21 @@ pub enum Error {
     /// The operation did not finish within the caller's timeout.
     #[error("{0}")]
     DeadlineExceeded(String),
+    /// The caller's credentials were refused (a registry's 401).
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// The caller may not do this (a registry's 403).
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    /// Out of space or another bounded resource (the message names which, and where).
+    #[error("resource exhausted: {0}")]
+    ResourceExhausted(String),
     /// The daemon's configuration is unusable.
     #[error("configuration: {0}")]
     Config(String),
+    /// This host cannot do what was asked (the message says why, e.g. a failed probe).
+    #[error("{0}")]
+    Unimplemented(String),
     /// A lifecycle step failed; `step` names it, `id` names the sandbox or container.
     #[error("failed to {step} for {id}: {source}")]
     Step {
@@ -91,6 +103,74 @@ impl Error {
             step,
             id: id.to_string(),
             source: source.into(),
+        }
+    }
+
+    /// A copy of this error for another caller (pulls shared by several requests): the same
+    /// variant where it carries a code, the message otherwise.
+    pub fn duplicate(&self) -> Error {
+        match self {
+            Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
+            Error::NotFound { kind, id } => Error::NotFound {
+                kind,
+                id: id.clone(),
+            },
+            Error::FailedPrecondition(m) => Error::FailedPrecondition(m.clone()),
+            Error::DeadlineExceeded(m) => Error::DeadlineExceeded(m.clone()),
+            Error::Unauthenticated(m) => Error::Unauthenticated(m.clone()),
+            Error::PermissionDenied(m) => Error::PermissionDenied(m.clone()),
+            Error::ResourceExhausted(m) => Error::ResourceExhausted(m.clone()),
+            Error::Config(m) => Error::Config(m.clone()),
+            Error::Unimplemented(m) => Error::Unimplemented(m.clone()),
+            e => Error::Host(HostError::Other(e.to_string())),
+        }
+    }
+
+    /// Did this fail for lack of space (ENOSPC, EDQUOT) somewhere down its chain?
+    pub fn is_no_space(&self) -> bool {
+        fn io_no_space(e: &std::io::Error) -> bool {
+            matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+        }
+        fn host(h: &HostError) -> bool {
+            match h {
+                HostError::Io { source, .. } => io_no_space(source),
+                HostError::Sys { errno, .. } => {
+                    matches!(
+                        *errno,
+                        nix::errno::Errno::ENOSPC | nix::errno::Errno::EDQUOT
+                    )
+                }
+                HostError::Other(m) => m.contains("No space left on device"),
+            }
+        }
+        fn dynamic(e: &(dyn std::error::Error + 'static)) -> bool {
+            let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+            while let Some(c) = cur {
+                if let Some(h) = c.downcast_ref::<HostError>() {
+                    if host(h) {
+                        return true;
+                    }
+                }
+                if let Some(i) = c.downcast_ref::<std::io::Error>() {
+                    if io_no_space(i) {
+                        return true;
+                    }
+                }
+                if let Some(e) = c.downcast_ref::<Error>() {
+                    if e.is_no_space() {
+                        return true;
+                    }
+                }
+                cur = c.source();
+            }
+            false
+        }
+        match self {
+            Error::ResourceExhausted(_) => true,
+            Error::Host(h) => host(h),
+            Error::Step { source, .. } => dynamic(source.as_ref()),
+            Error::Many(es) => es.iter().any(Error::is_no_space),
+            _ => false,
         }
     }
 

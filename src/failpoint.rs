@@ -32,3 +32,15 @@ pub const ALL: &[&str] = &[
 
 /// The failpoints of CreateContainer, in the order it reaches them.
 pub const CONTAINER: &[&str] = &["create:recorded", "create:rootfs", "create:runtime"];
+
+/// The failpoints of StartContainer, StopContainer and RemoveContainer, in order.
+pub const CONTAINER_OPS: &[&str] = &[
+    "start:runtime",
+    "start:recorded",
+    "stopctr:signalled",
+    "stopctr:killed",
+    "removectr:stopped",
+    "removectr:runtime",
+    "removectr:unmounted",
+    "removectr:dir",
+];

@@ -10,9 +10,15 @@ pub mod config;
 pub mod container;
 pub mod cri;
 pub mod error;
+pub mod events;
 pub mod failpoint;
+pub mod health;
 pub mod image;
+pub mod lsm;
+pub mod metrics;
+pub mod model;
 pub mod mounts;
+pub mod netdev;
 pub mod netns;
 pub mod oci;
 pub mod process;
@@ -20,11 +26,13 @@ pub mod sandbox;
 pub mod server;
 pub mod state;
 pub mod streaming;
+pub mod sysctl;
+pub mod untrusted_fs;
 pub mod validate;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 pub use config::{Config, InfraPolicy, RuntimeHandler};
 pub use container::{
@@ -32,6 +40,7 @@ pub use container::{
     ContainerState, ExecResult,
 };
 pub use error::{Error, Result};
+pub use health::{HandlerStatus, RuntimeHealth};
 pub use sandbox::{
     DnsConfig, InfraMode, NamespaceMode, NamespaceOptions, PodSandboxConfig, PodSandboxMetadata,
     SandboxFilter, SandboxRecord, SandboxState, SandboxStatus,
@@ -39,32 +48,12 @@ pub use sandbox::{
 
 use crate::cni::Cni;
 use crate::oci::OciRuntime;
-use crate::state::{IdIndex, NameReservations};
 
-/// One sandbox in memory: `op` serialises its lifecycle operations (held across process
-/// calls), `record` is the current record (held only for short reads and updates).
-pub(crate) struct SandboxEntry {
-    pub(crate) op: Mutex<()>,
-    pub(crate) record: Mutex<SandboxRecord>,
-}
-
-/// One container in memory, locked like [`SandboxEntry`]. Lock order: a sandbox's `op`
-/// before any of its containers' `op`.
-pub(crate) struct ContainerEntry {
-    pub(crate) op: Mutex<()>,
-    pub(crate) record: Mutex<ContainerRecord>,
-}
-
-#[derive(Default)]
-pub(crate) struct Registry {
-    pub(crate) sandboxes: HashMap<String, Arc<SandboxEntry>>,
-    pub(crate) containers: HashMap<String, Arc<ContainerEntry>>,
-    /// Pod and container names share one reservation table (they cannot collide: a
-    /// container name never starts with `k8s_POD_`).
-    pub(crate) names: NameReservations,
-    pub(crate) ids: IdIndex,
-    pub(crate) container_ids: IdIndex,
-}
+/// One sandbox in memory (see [`state::Entry`]).
+pub(crate) type SandboxEntry = state::Entry<SandboxRecord>;
+/// One container in memory. Lock order: a sandbox's `op` before any of its containers' `op`.
+pub(crate) type ContainerEntry = state::Entry<ContainerRecord>;
+pub(crate) type Registry = state::Registry<SandboxRecord, ContainerRecord>;
 
 /// The sandbox runtime: all state lives under `config.root` and is restored by [`Runtime::new`].
 pub struct Runtime {
@@ -81,14 +70,22 @@ pub struct Runtime {
     /// Short tag of the state root, part of every namespace file name, so several daemons
     /// sharing a netns dir never collect each other's files.
     pub(crate) root_tag: String,
+    /// Records found unreadable at start-up (left alone until removed explicitly).
+    pub(crate) quarantine: Mutex<state::Quarantine>,
+    /// ExecSync output kept by all calls at once (`exec_sync_output_budget`).
+    pub(crate) exec_output: Arc<process::OutputBudget>,
+    /// Lifecycle events for GetContainerEvents subscribers.
+    pub(crate) events: Arc<events::Hub>,
+    /// Learns container exits as the monitors record them (see [`Runtime::watch_exits`]).
+    pub(crate) exit_watch: events::watch::ExitWatcher,
+    /// The daemon's own operation metrics (served with `--metrics-address`).
+    pub(crate) metrics: Arc<metrics::prom::DaemonMetrics>,
 }
 
 /// The outcome of one pull, shared by everyone who asked for it while it ran.
-pub(crate) type PullCell = std::sync::OnceLock<std::result::Result<image::ImageRecord, String>>;
+pub(crate) type PullCell = std::sync::OnceLock<std::result::Result<image::ImageRecord, Error>>;
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(crate) use state::lock;
 
 impl Runtime {
     /// Opens (or creates) the state root, prepares the namespace dirs and the infra rootfs,
@@ -101,6 +98,12 @@ impl Runtime {
         container::restore::load(&rt)?;
         sandbox::restore::restore(&rt)?;
         container::restore::reconcile(&rt);
+        // Blobs and layers nothing references (left by older versions, or by a crash between
+        // an image's removal and its collection).
+        if let Err(e) = rt.images.collect(&rt.layers_in_use()) {
+            tracing::warn!(error = %e, "cannot collect unused image content");
+        }
+        rt.events.restored();
         Ok(rt)
     }
 
@@ -117,28 +120,25 @@ impl Runtime {
                 )));
             }
         }
+        // Nothing under the root is any other user's business: every dir 0700 from the
+        // start (and made so on a root an older version left more open).
+        state::files::private_dir_all(&cfg.root)?;
+        state::files::restrict_dir(&cfg.root)?;
         for d in [
             "sandboxes",
             "containers",
             "images",
+            "cni",
             "cni/cache",
             "cni/networks",
             "runtime",
+            "attach",
+            "exec",
         ] {
             let p = cfg.root.join(d);
-            std::fs::create_dir_all(&p).map_err(|e| error::HostError::io("create", &p, e))?;
+            state::files::private_dir_all(&p)?;
+            state::files::restrict_dir(&p)?;
         }
-        // Attach and console/exec sockets: ours alone.
-        for d in ["attach", "exec"] {
-            use std::os::unix::fs::DirBuilderExt;
-            let p = cfg.root.join(d);
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&p)
-                .map_err(|e| error::HostError::io("create", &p, e))?;
-        }
-        restrict_root(&cfg.root)?;
         for d in [&cfg.netns_dir, &cfg.ipcns_dir, &cfg.utsns_dir] {
             mounts::make_shared_dir(d)?;
         }
@@ -151,6 +151,7 @@ impl Runtime {
                 OciRuntime {
                     name: name.clone(),
                     path: h.path.clone(),
+                    args: h.runtime_args.clone(),
                     root: h
                         .root
                         .clone()
@@ -183,7 +184,11 @@ impl Runtime {
             cache_dir: cfg.root.join("cni/cache"),
         };
         let root_tag = short_hash(&cfg.root.to_string_lossy());
-        let images = image::ImageStore::new(cfg.root.join("images"))?;
+        let cfg_budget = cfg.exec_sync_output_budget as usize;
+        let (events_backlog, events_max) = (cfg.events_backlog, cfg.events_max_subscribers);
+        let images = image::ImageStore::with_config(cfg.root.join("images"), cfg.images.clone())?;
+        // What an interrupted pull or import left behind (older than any running one).
+        images.clean_tmp(std::time::Duration::from_secs(3600));
         Ok(Runtime {
             cfg,
             registry: Mutex::new(Registry::default()),
@@ -193,6 +198,11 @@ impl Runtime {
             pulls: Mutex::new(HashMap::new()),
             infra_rootfs,
             root_tag,
+            quarantine: Mutex::new(state::Quarantine::default()),
+            exec_output: process::OutputBudget::new(cfg_budget),
+            events: Arc::new(events::Hub::new(events_backlog, events_max)),
+            metrics: Arc::new(metrics::prom::DaemonMetrics::new()),
+            exit_watch: events::watch::ExitWatcher::new(),
         })
     }
 
@@ -233,6 +243,12 @@ impl Runtime {
         out
     }
 
+    /// Records found unreadable at start-up, one line each (`sandbox <id>: <why>`): nothing
+    /// they may name is collected until RemovePodSandbox / RemoveContainer of that id.
+    pub fn quarantined(&self) -> Vec<String> {
+        lock(&self.quarantine).describe()
+    }
+
     /// The full record (for verbose status and tests).
     pub fn sandbox_record(&self, id: &str) -> Result<SandboxRecord> {
         let entry = self.lookup(id)?.ok_or_else(|| Error::NotFound {
@@ -250,24 +266,24 @@ impl Runtime {
 
     /// StartContainer: only a created container can be started.
     pub fn start_container(&self, id: &str) -> Result<()> {
-        container::lifecycle::start(self, id)
+        container::start::start(self, id)
     }
 
     /// StopContainer: stop signal, `timeout`, SIGKILL; idempotent, an unknown id is success.
     pub fn stop_container(&self, id: &str, timeout: std::time::Duration) -> Result<()> {
-        container::lifecycle::stop(self, id, timeout)
+        container::stop::stop(self, id, timeout)
     }
 
     /// RemoveContainer: force-stops and removes everything; an unknown id is success.
     pub fn remove_container(&self, id: &str) -> Result<()> {
-        container::lifecycle::remove(self, id)
+        container::remove::remove(self, id)
     }
 
     /// ContainerStatus (with the exit folded in if the container has exited); an unknown id
     /// is `NotFound`.
     pub fn container_status(&self, id: &str) -> Result<ContainerRecord> {
         let e = self.container_entry(id)?;
-        Ok(container::lifecycle::refresh(&e))
+        Ok(container::status::refresh(self, &e))
     }
 
     /// The record as it stands (no refresh).
@@ -282,7 +298,7 @@ impl Runtime {
         let entries: Vec<_> = lock(&self.registry).containers.values().cloned().collect();
         let mut out: Vec<ContainerRecord> = entries
             .iter()
-            .map(|e| container::lifecycle::refresh(e))
+            .map(|e| container::status::refresh(self, e))
             .filter(|r| filter.matches(r))
             .collect();
         out.sort_by_key(|r| (r.created_at, r.id.clone()));
@@ -297,12 +313,18 @@ impl Runtime {
         cmd: &[String],
         timeout: std::time::Duration,
     ) -> Result<ExecResult> {
-        container::lifecycle::exec_sync(self, id, cmd, timeout)
+        container::exec::exec_sync(self, id, cmd, timeout)
+    }
+
+    /// CheckpointContainer: CRIU dumps running container `id` (which keeps running) into the
+    /// archive `location`; `Unimplemented` where CRIU does not work on this host.
+    pub fn checkpoint_container(&self, id: &str, location: &std::path::Path) -> Result<()> {
+        container::checkpoint::checkpoint(self, id, location)
     }
 
     /// ReopenContainerLog: the monitor reopens the log file after a rotation.
     pub fn reopen_container_log(&self, id: &str) -> Result<()> {
-        container::lifecycle::reopen_log(self, id)
+        container::update::reopen_log(self, id)
     }
 
     /// UpdateContainerResources: new CPU and memory limits for a created or running container.
@@ -311,7 +333,7 @@ impl Runtime {
         id: &str,
         resources: &container::Resources,
     ) -> Result<()> {
-        container::lifecycle::update_resources(self, id, resources)
+        container::update::update_resources(self, id, resources)
     }
 
     /// CPU and memory use of a whole pod (its cgroup, which holds every container's).
@@ -333,19 +355,31 @@ impl Runtime {
     /// PullImage: fetches `image` from its registry (mirrors first) into the store. Callers
     /// pulling the same reference at the same time share one download.
     pub fn pull_image(&self, image: &str, auth: &image::Auth) -> Result<image::ImageRecord> {
-        let key = image::reference::Reference::parse(image)?.full();
+        // Only requests for the same image with the same credentials share a download.
+        let key = format!(
+            "{} {}",
+            image::reference::Reference::parse(image)?.full(),
+            auth.share_key()
+        );
         let cell = lock(&self.pulls).entry(key.clone()).or_default().clone();
         let out = cell.get_or_init(|| {
+            let started = std::time::Instant::now();
             let fut = image::pull::pull(&self.images, image, auth, &self.cfg.registries);
             let r = match tokio::runtime::Handle::try_current() {
                 Ok(h) => h.block_on(fut),
-                Err(_) => tokio::runtime::Builder::new_current_thread()
+                Err(_) => tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
                     .enable_all()
                     .build()
                     .map_err(|e| Error::Host(error::HostError::Other(e.to_string())))
                     .and_then(|rt| rt.block_on(fut)),
             };
-            r.map_err(|e| e.to_string())
+            self.metrics.observe_pull(
+                r.as_ref()
+                    .ok()
+                    .map(|(_, bytes)| (*bytes, started.elapsed())),
+            );
+            r.map(|(rec, _)| rec)
         });
         {
             let mut pulls = lock(&self.pulls);
@@ -353,20 +387,129 @@ impl Runtime {
                 pulls.remove(&key);
             }
         }
-        out.clone()
-            .map_err(|msg| Error::step("pull image", image, error::HostError::Other(msg)))
+        match out {
+            Ok(r) => Ok(r.clone()),
+            Err(e) => Err(e.duplicate()),
+        }
     }
 
-    /// RemoveImage: refused while a container uses the image; an unknown image is success.
+    /// RemoveImage: removes the image with all its tags; its layers stay while containers
+    /// use them and are collected after. An unknown image is success.
     pub fn remove_image(&self, name: &str) -> Result<()> {
-        let used: Vec<String> = lock(&self.registry)
-            .containers
-            .values()
-            .map(|e| lock(&e.record).image_id.clone())
-            .collect();
-        self.images
-            .remove(name, |id| used.iter().any(|u| u == id))?;
+        let in_use = self.layers_in_use();
+        self.images.remove(name, &in_use)?;
         Ok(())
+    }
+
+    /// The layers containers use (records made before containers recorded their layers
+    /// count with their image's layers).
+    pub(crate) fn layers_in_use(&self) -> std::collections::HashSet<String> {
+        let entries: Vec<_> = lock(&self.registry).containers.values().cloned().collect();
+        let mut out = std::collections::HashSet::new();
+        for e in entries {
+            let r = lock(&e.record).clone();
+            if r.layers.is_empty() {
+                if let Some(img) = self.images.get(&r.image_id) {
+                    out.extend(img.layers);
+                }
+            }
+            out.extend(r.layers);
+        }
+        out
+    }
+
+    /// The daemon's operation metrics (RPC latencies and errors, pulls).
+    pub fn daemon_metrics(&self) -> Arc<metrics::prom::DaemonMetrics> {
+        self.metrics.clone()
+    }
+
+    /// Pods and containers by state (CRI state names, lower case), for the metrics.
+    pub fn counts_by_state(&self) -> (metrics::prom::StateCounts, metrics::prom::StateCounts) {
+        let pods = self.list_pod_sandboxes(&SandboxFilter::default());
+        let ready = pods
+            .iter()
+            .filter(|p| p.state == SandboxState::Ready)
+            .count() as i64;
+        let containers = self.list_containers(&ContainerFilter::default());
+        let n = |s: ContainerState| containers.iter().filter(|c| c.cri_state() == s).count() as i64;
+        (
+            vec![("ready", ready), ("notready", pods.len() as i64 - ready)],
+            vec![
+                ("created", n(ContainerState::Created)),
+                ("running", n(ContainerState::Running)),
+                ("exited", n(ContainerState::Exited)),
+                ("unknown", n(ContainerState::Unknown)),
+            ],
+        )
+    }
+
+    /// Subscribes to lifecycle events (GetContainerEvents). `ResourceExhausted` when
+    /// `events_max_subscribers` are connected already.
+    pub fn subscribe_events(&self) -> Result<events::Subscription> {
+        self.events.subscribe().ok_or_else(|| {
+            Error::ResourceExhausted(format!(
+                "{} event subscribers are connected already (events_max_subscribers)",
+                self.cfg.events_max_subscribers
+            ))
+        })
+    }
+
+    /// Starts learning container exits as the monitors record them (one thread, which ends
+    /// with the runtime), so STOPPED events go out at once. Without it, exits are folded in
+    /// by the next query.
+    pub fn watch_exits(self: &Arc<Self>) -> Result<()> {
+        self.exit_watch
+            .spawn(Arc::downgrade(self), |rt: &Runtime, id| {
+                if let Ok(Some(e)) = rt.find_container(id) {
+                    container::status::refresh(rt, &e);
+                }
+            })
+            .map_err(|e| Error::Config(format!("cannot start the exit watcher: {e}")))
+    }
+
+    /// Publishes a container's transition with its pod's statuses as they are now (nothing
+    /// is built when nobody listens). Call with no record lock held.
+    pub(crate) fn emit(&self, kind: events::EventKind, id: &str, sandbox_id: &str) {
+        if !self.events.wanted() {
+            return;
+        }
+        let sandbox = self
+            .lookup(sandbox_id)
+            .ok()
+            .flatten()
+            .map(|e| lock(&e.record).status());
+        self.publish(kind, id, sandbox_id, sandbox);
+    }
+
+    /// Publishes a pod's transition (`container_id` is the pod's id, as CRI-O sends it).
+    pub(crate) fn emit_pod(&self, kind: events::EventKind, status: SandboxStatus) {
+        if !self.events.wanted() {
+            return;
+        }
+        let id = status.id.clone();
+        self.publish(kind, &id, &id, Some(status));
+    }
+
+    fn publish(
+        &self,
+        kind: events::EventKind,
+        id: &str,
+        sandbox_id: &str,
+        sandbox: Option<SandboxStatus>,
+    ) {
+        let mut containers: Vec<ContainerRecord> = self
+            .containers_of(sandbox_id)
+            .iter()
+            .map(|e| lock(&e.record).clone())
+            .collect();
+        containers.sort_by_key(|r| (r.created_at, r.id.clone()));
+        self.events.publish(events::Event {
+            kind,
+            container_id: id.to_string(),
+            created_at: state::now_nanos(),
+            sandbox,
+            containers,
+        });
     }
 
     pub(crate) fn find_container(&self, id: &str) -> Result<Option<Arc<ContainerEntry>>> {
@@ -458,12 +601,6 @@ fn check_root(root: &Path) -> Result<()> {
         ))),
         _ => Ok(()),
     }
-}
-
-fn restrict_root(root: &Path) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o711))
-        .map_err(|e| error::HostError::io("chmod", root, e).into())
 }
 
 /// The prefix of every namespace file a runtime on state root `root` creates

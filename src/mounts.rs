@@ -1,6 +1,9 @@
 //! Mount helpers: the pod's shm tmpfs, shared-propagation namespace dirs, lazy unmounts, and
 //! "is it mounted" decided from `/proc/self/mountinfo` (never by guessing from a directory).
 
+#![allow(unsafe_code)]
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
@@ -86,7 +89,7 @@ pub fn mounted_at(path: &Path) -> Result<Option<MountInfo>, HostError> {
 /// Mounts the pod's shm: a tmpfs at `path`, mode 1777, nosuid/nodev/noexec, `size` bytes.
 /// Creates the directory; the caller mounts each sandbox's shm once.
 pub fn mount_shm(path: &Path, size: u64) -> Result<(), HostError> {
-    std::fs::create_dir_all(path).map_err(|e| HostError::io("create shm dir", path, e))?;
+    crate::state::files::private_dir_all(path)?;
     let data = format!("mode=1777,size={size}");
     mount(
         Some("shm"),
@@ -106,8 +109,18 @@ pub fn mount_overlay(
     work: &Path,
     target: &Path,
 ) -> Result<(), HostError> {
-    for d in [upper, work, target] {
-        std::fs::create_dir_all(d).map_err(|e| HostError::io("create", d, e))?;
+    // The upper dir is the container's `/` (an overlay's root takes the upper dir's mode):
+    // 0755 like any root directory; the container dir around it (0700) keeps others out.
+    for d in [work, target] {
+        crate::state::files::private_dir_all(d)?;
+    }
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(upper)
+            .map_err(|e| HostError::io("create", upper, e))?;
     }
     let join = |p: &Path| {
         p.to_string_lossy()
@@ -188,6 +201,197 @@ pub fn make_shared_dir(dir: &Path) -> Result<(), HostError> {
     .map_err(|e| HostError::sys("make shared", dir, e))
 }
 
+/// Is `path` the root of a mount (a mount point), whatever the filesystem (bind mounts of
+/// the same filesystem included)? Symlinks are not followed.
+pub fn is_mount_root(path: &Path) -> bool {
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: an all-zero statx is a valid value of this plain C struct.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid NUL-terminated path and a statx buffer we own, for the call.
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            0,
+            &mut st,
+        )
+    };
+    r == 0
+        && st.stx_attributes_mask & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0
+        && st.stx_attributes & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0
+}
+
+/// Removes a directory tree without ever descending into a mount inside it (a container's
+/// rootfs, a pod's shm, a bind mount of a host dir): each mount found is lazily unmounted
+/// first, so a removal can never delete what another filesystem holds. Missing is success.
+pub fn remove_tree(dir: &Path) -> Result<(), HostError> {
+    fn walk(p: &Path) -> Result<(), HostError> {
+        let m = match std::fs::symlink_metadata(p) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(HostError::io("inspect", p, e)),
+        };
+        if !m.is_dir() {
+            return match std::fs::remove_file(p) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(HostError::io("remove", p, e))
+                }
+                _ => Ok(()),
+            };
+        }
+        for _ in 0..16 {
+            if !is_mount_root(p) {
+                break;
+            }
+            match umount2(p, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
+                Ok(()) | Err(nix::errno::Errno::EINVAL) => {}
+                Err(e) => return Err(HostError::sys("unmount", p, e)),
+            }
+        }
+        let rd = match std::fs::read_dir(p) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(HostError::io("read", p, e)),
+        };
+        for e in rd {
+            let e = e.map_err(|e| HostError::io("read", p, e))?;
+            walk(&e.path())?;
+        }
+        match std::fs::remove_dir(p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(HostError::io("remove dir", p, e))
+            }
+            _ => Ok(()),
+        }
+    }
+    walk(dir)
+}
+
+/// Propagation of the mount that holds `path`: `(its mount point, shared, slave)`.
+pub fn propagation_of(path: &Path) -> Result<(PathBuf, bool, bool), HostError> {
+    let real = std::fs::canonicalize(path).map_err(|e| HostError::io("resolve", path, e))?;
+    let m = mountinfo()?
+        .into_iter()
+        .rev()
+        .filter(|m| real.starts_with(&m.mount_point))
+        .max_by_key(|m| m.mount_point.as_os_str().len())
+        .ok_or_else(|| HostError::Other(format!("no mount holds {}", real.display())))?;
+    let shared = m.optional.iter().any(|o| o.starts_with("shared:"));
+    let slave = m.optional.iter().any(|o| o.starts_with("master:"));
+    Ok((m.mount_point, shared, slave))
+}
+
+/// Can this kernel make a recursively read-only mount tree (open_tree + mount_setattr,
+/// Linux 5.12)? Probed once.
+pub fn recursive_read_only_supported() -> bool {
+    static PROBE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PROBE.get_or_init(|| match open_tree_clone(Path::new("/proc/self")) {
+        Ok(fd) => set_recursive_read_only(&fd).is_ok(),
+        Err(_) => false,
+    })
+}
+
+/// `mount_attr` of mount_setattr(2).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+
+/// A detached copy of the mount tree at `path` (open_tree with OPEN_TREE_CLONE, recursive).
+fn open_tree_clone(path: &Path) -> Result<OwnedFd, HostError> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| HostError::Other(format!("{} contains NUL", path.display())))?;
+    // SAFETY: open_tree takes a dirfd, a valid NUL-terminated path and flags; returns a fd.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            (libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC) as libc::c_uint
+                | libc::AT_RECURSIVE as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(HostError::io(
+            "open_tree",
+            path,
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: a fresh fd the kernel returned, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn set_recursive_read_only(tree: &OwnedFd) -> Result<(), HostError> {
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
+        // c_ulong: u64 here, narrower on some targets.
+        #[allow(clippy::unnecessary_cast)]
+        propagation: libc::MS_PRIVATE as u64,
+        userns_fd: 0,
+    };
+    let empty = c"";
+    // SAFETY: mount_setattr on a mount fd we own, with an empty path and a mount_attr we own
+    // of the size we pass.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if r < 0 {
+        return Err(HostError::Other(format!(
+            "mount_setattr read-only: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(())
+}
+
+/// Mounts a recursively read-only, private copy of the tree at `source` onto `target` (an
+/// empty dir, created here): every submount read-only too, which a runtime's `ro` bind does
+/// not give (runc before 1.2 has no `rro`). The runtime then binds `target`.
+pub fn mount_recursive_read_only(source: &Path, target: &Path) -> Result<(), HostError> {
+    crate::state::files::private_dir_all(target)?;
+    let tree = open_tree_clone(source)?;
+    set_recursive_read_only(&tree)?;
+    let t = std::ffi::CString::new(target.as_os_str().as_encoded_bytes())
+        .map_err(|_| HostError::Other(format!("{} contains NUL", target.display())))?;
+    let empty = c"";
+    // SAFETY: move_mount of a detached tree fd we own onto a valid NUL-terminated path.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH as libc::c_uint,
+        )
+    };
+    if r < 0 {
+        return Err(HostError::io(
+            "attach read-only tree onto",
+            target,
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,6 +406,65 @@ mod tests {
         assert_eq!(m[0].optional, vec!["master:1".to_string()]);
         assert_eq!(m[1].optional, vec!["shared:7".to_string()]);
         assert_eq!(m[1].fs_type, "tmpfs");
+    }
+
+    #[test]
+    fn removal_never_enters_a_mount() {
+        let d = std::env::temp_dir().join(format!("sandboxd-rmtree-{}", std::process::id()));
+        let keep =
+            std::env::temp_dir().join(format!("sandboxd-rmtree-keep-{}", std::process::id()));
+        std::fs::create_dir_all(d.join("a/mnt")).unwrap();
+        std::fs::create_dir_all(&keep).unwrap();
+        std::fs::write(keep.join("precious"), b"x").unwrap();
+        mount(
+            Some(&keep),
+            &d.join("a/mnt"),
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap();
+        assert!(is_mount_root(&d.join("a/mnt")));
+        assert!(!is_mount_root(&d.join("a")));
+        remove_tree(&d).unwrap();
+        assert!(!d.exists());
+        assert!(
+            keep.join("precious").exists(),
+            "removal went into a bind mount"
+        );
+        std::fs::remove_dir_all(&keep).unwrap();
+    }
+
+    #[test]
+    fn recursive_read_only_tree() {
+        if !recursive_read_only_supported() {
+            return;
+        }
+        let base = std::env::temp_dir().join(format!("sandboxd-rro-{}", std::process::id()));
+        let src = base.join("src");
+        std::fs::create_dir_all(src.join("sub")).unwrap();
+        mount(
+            Some("tmpfs"),
+            &src.join("sub"),
+            Some("tmpfs"),
+            MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap();
+        let target = base.join("ro");
+        mount_recursive_read_only(&src, &target).unwrap();
+        assert!(std::fs::write(target.join("x"), b"x").is_err());
+        assert!(
+            std::fs::write(target.join("sub/x"), b"x").is_err(),
+            "a submount stayed writable"
+        );
+        assert!(
+            std::fs::write(src.join("sub/x"), b"x").is_ok(),
+            "the source became read-only"
+        );
+        remove_tree(&target).unwrap();
+        unmount_all(&src.join("sub")).unwrap();
+        remove_tree(&base).unwrap();
     }
 
     #[test]

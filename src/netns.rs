@@ -193,6 +193,56 @@ fn loopback_up() -> Result<(), HostError> {
     Ok(())
 }
 
+/// Writes `sysctls` (normalized names) inside the pinned namespaces they belong to, from a
+/// thread of its own that enters them (a namespaced sysctl is written to the namespace of the
+/// writing thread). The error names the sysctl and the kernel's answer.
+pub fn apply_sysctls(
+    net: Option<&Path>,
+    ipc: Option<&Path>,
+    uts: Option<&Path>,
+    sysctls: &[(String, String, crate::sysctl::Ns)],
+) -> Result<(), HostError> {
+    use crate::sysctl::Ns;
+    if sysctls.is_empty() {
+        return Ok(());
+    }
+    let mut enter: Vec<(std::path::PathBuf, CloneFlags)> = Vec::new();
+    for (kind, path, flag) in [
+        (Ns::Net, net, CloneFlags::CLONE_NEWNET),
+        (Ns::Ipc, ipc, CloneFlags::CLONE_NEWIPC),
+        (Ns::Uts, uts, CloneFlags::CLONE_NEWUTS),
+    ] {
+        if sysctls.iter().any(|(_, _, k)| *k == kind) {
+            let p = path.ok_or_else(|| {
+                HostError::Other(format!(
+                    "the pod has no {kind:?} namespace of its own for its sysctls"
+                ))
+            })?;
+            enter.push((p.to_path_buf(), flag));
+        }
+    }
+    let list = sysctls.to_vec();
+    std::thread::Builder::new()
+        .name("sysctl".into())
+        .spawn(move || -> Result<(), HostError> {
+            for (p, flag) in &enter {
+                let f =
+                    std::fs::File::open(p).map_err(|e| HostError::io("open namespace", p, e))?;
+                nix::sched::setns(&f, *flag)
+                    .map_err(|e| HostError::sys("enter namespace", p, e))?;
+            }
+            for (name, value, _) in &list {
+                let path = crate::sysctl::proc_path(name);
+                std::fs::write(&path, value.as_bytes())
+                    .map_err(|e| HostError::Other(format!("sysctl {name}={value:?}: {e}")))?;
+            }
+            Ok(())
+        })
+        .map_err(|e| HostError::Other(format!("cannot start sysctl thread: {e}")))?
+        .join()
+        .map_err(|_| HostError::Other("sysctl thread panicked".into()))?
+}
+
 /// Is `path` a bind-mounted namespace file (nsfs)? Symlinks are not followed.
 // f_type is i64 on x86_64 glibc but narrower elsewhere, hence the cast.
 #[allow(clippy::unnecessary_cast)]

@@ -27,6 +27,9 @@ pub struct DaemonConfig {
     pub log_level: String,
     /// `text` or `json`.
     pub log_format: String,
+    /// Where to serve the daemon's own metrics (Prometheus text format, `GET /metrics`),
+    /// e.g. `127.0.0.1:9090`; unset (the default): not served.
+    pub metrics_address: Option<std::net::SocketAddr>,
     #[serde(flatten)]
     pub runtime: Config,
 }
@@ -37,6 +40,7 @@ impl Default for DaemonConfig {
             socket: PathBuf::from(DEFAULT_SOCKET),
             log_level: "info".into(),
             log_format: "text".into(),
+            metrics_address: None,
             runtime: Config::default(),
         }
     }
@@ -47,8 +51,13 @@ impl DaemonConfig {
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
-        let cfg: DaemonConfig =
+        let mut cfg: DaemonConfig =
             toml::from_str(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        // Handler tables add to the built-in handlers (as CRI-O's drop-in runtime tables
+        // do); a table named like a built-in one replaces that one.
+        for (name, h) in Config::default().runtimes {
+            cfg.runtime.runtimes.entry(name).or_insert(h);
+        }
         // flatten swallows unknown keys: compare with the keys a full config renders.
         let given: toml::Table = toml::from_str(&text).unwrap_or_default();
         let known: toml::Table =
@@ -71,7 +80,31 @@ impl DaemonConfig {
 }
 
 /// Keys that are valid but absent from a rendered default (their default is unset).
-const OPTIONAL_KEYS: &[&str] = &["monitor_path", "pause_path"];
+const OPTIONAL_KEYS: &[&str] = &["monitor_path", "pause_path", "metrics_address"];
+
+/// Binds the metrics listener (before the daemon says it is ready, so a taken port fails the
+/// start with a clear error).
+pub fn bind_metrics(addr: std::net::SocketAddr) -> Result<std::net::TcpListener> {
+    let l = std::net::TcpListener::bind(addr)
+        .map_err(|e| Error::Config(format!("metrics_address {addr}: cannot listen: {e}")))?;
+    l.set_nonblocking(true)
+        .map_err(|e| Error::Config(format!("metrics_address {addr}: {e}")))?;
+    Ok(l)
+}
+
+/// Raises the soft limit on open files to the hard limit (as containerd's and CRI-O's units
+/// do), so that the streaming server's share of descriptors (a quarter) leaves the CRI
+/// socket, runtime calls and CNI plugins plenty.
+pub fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!(error = %e, soft, hard, "cannot raise the open file limit");
+            }
+        }
+    }
+}
 
 /// Creates the listening socket: parent dir 0700 (created if missing), a stale socket file
 /// replaced, a live one (another daemon answers) refused, the socket made 0660.
@@ -120,12 +153,14 @@ pub fn bind_socket(path: &Path) -> Result<std::os::unix::net::UnixListener> {
     Ok(l)
 }
 
-/// Serves RuntimeService and ImageService on `listener` until `shutdown` resolves, then
-/// finishes in-flight requests and removes the socket file.
+/// Serves RuntimeService and ImageService on `listener` (and the daemon's metrics on
+/// `metrics`, if given) until `shutdown` resolves, then finishes in-flight requests and
+/// removes the socket file.
 pub async fn serve(
     rt: Arc<Runtime>,
     listener: std::os::unix::net::UnixListener,
     socket: PathBuf,
+    metrics: Option<std::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<()> {
     use k8s_cri::v1::image_service_server::ImageServiceServer;
@@ -137,8 +172,34 @@ pub async fn serve(
         .map_err(|e| Error::Config(format!("socket: {e}")))?;
     let streaming =
         crate::streaming::StreamingServer::start(rt.clone(), rt.config().streaming.clone()).await?;
+    // Exits are learned as they happen (GetContainerEvents); event streams end at shutdown,
+    // which would otherwise wait for them forever.
+    rt.watch_exits()?;
+    let events = rt.events.clone();
+    let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        shutdown.await;
+        events.close();
+        let _ = stop_metrics.send(());
+    };
+    if let Some(l) = metrics {
+        let l = tokio::net::TcpListener::from_std(l)
+            .map_err(|e| Error::Config(format!("metrics listener: {e}")))?;
+        let r = rt.clone();
+        let counts = Arc::new(move || r.counts_by_state());
+        tokio::spawn(crate::metrics::prom::serve(
+            l,
+            rt.metrics.clone(),
+            counts,
+            async move {
+                let _ = metrics_stopped.await;
+            },
+        ));
+    }
+    let layer = crate::metrics::prom::RpcMetricsLayer(rt.metrics.clone());
     let svc = crate::cri::CriService::new(rt).with_streaming(streaming);
     let result = tonic::transport::Server::builder()
+        .layer(layer)
         .add_service(
             RuntimeServiceServer::new(svc.clone())
                 .max_decoding_message_size(MAX_MESSAGE)

@@ -278,6 +278,31 @@ fn exec_sync_output_exit_code_and_timeout() {
         "{}",
         String::from_utf8_lossy(&ps.stdout)
     );
+    // A timed-out command that started more processes: all of them are killed, and in a pod
+    // whose init reaps (the shared-PID pause process) gone, before the call returns.
+    let sb2 = rt.run_pod_sandbox(&pod(&env, "exec-tree", true)).unwrap();
+    let id2 = run(&rt, &sb2, &ctr("idle2", "exec sleep 1000"));
+    let e = rt
+        .exec_sync(
+            &id2,
+            &[
+                "sh".into(),
+                "-c".into(),
+                "sleep 78 & (sleep 79 &) ; sh -c 'sleep 80' & sleep 77".into(),
+            ],
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::DeadlineExceeded(_)), "{e}");
+    let ps = String::from_utf8_lossy(&exec(&rt, &id2, "ps -o stat,args").stdout).into_owned();
+    for left in ["sleep 77", "sleep 78", "sleep 79", "sleep 80"] {
+        assert!(!ps.contains(left), "{left} left after the timeout:\n{ps}");
+    }
+    assert!(
+        !ps.lines().any(|l| l.trim_start().starts_with('Z')),
+        "zombies left after the timeout:\n{ps}"
+    );
+    rt.remove_pod_sandbox(&sb2).unwrap();
     // A command that leaves a background process holding its output still returns.
     let t = Instant::now();
     let r = exec(&rt, &id, "echo started; sleep 60 & exit 0");
@@ -290,7 +315,7 @@ fn exec_sync_output_exit_code_and_timeout() {
     let r = exec(&rt, &id, "head -c 20000000 /dev/zero; echo done >&2");
     assert_eq!(
         (r.stdout.len(), r.stderr.as_slice()),
-        (16 << 20, &b"done\n"[..])
+        (sandboxd::container::MAX_EXEC_OUTPUT - 5, &b"done\n"[..])
     );
     rt.stop_container(&id, Duration::ZERO).unwrap();
     let e = rt

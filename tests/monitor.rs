@@ -31,6 +31,7 @@ fn bundle(env: &Env, name: &str, args: &[&str]) -> std::path::PathBuf {
         hostname_file: dir.join("hostname"),
         cgroups_path: format!("/sandboxd-test-{name}"),
         oom_score_adj: spec::clamp_oom_score_adj(0),
+        sysctls: Default::default(),
     })
     .unwrap();
     s.process_mut()
@@ -45,6 +46,7 @@ fn runtime(env: &Env) -> OciRuntime {
     OciRuntime {
         name: "runc".into(),
         path: "/usr/sbin/runc".into(),
+        args: Vec::new(),
         root: env.runtime_root("runc"),
         monitor: env.cfg.monitor_path.clone().unwrap(),
         timeout: Duration::from_secs(30),

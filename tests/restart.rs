@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::*;
-use sandboxd::{Config, PodSandboxConfig, Runtime, SandboxFilter, SandboxState};
+use sandboxd::{Config, ContainerState, PodSandboxConfig, Runtime, SandboxFilter, SandboxState};
 
 /// Test 4a: 3 sandboxes survive dropping the Runtime; a new one lists them ready with the same
 /// IPs and live infra processes, and stop/remove work.
@@ -91,6 +91,16 @@ fn crash_child() {
     let cfg: Config = serde_json::from_str(&cfg).unwrap();
     let pod: PodSandboxConfig = serde_json::from_str(&std::env::var("CRASH_POD").unwrap()).unwrap();
     let rt = Runtime::new(cfg).unwrap();
+    if let (Ok(op), Ok(id)) = (std::env::var("CRASH_OP"), std::env::var("CRASH_ID")) {
+        match op.as_str() {
+            "start" => rt.start_container(&id).unwrap(),
+            "stop" => rt
+                .stop_container(&id, std::time::Duration::from_secs(1))
+                .unwrap(),
+            _ => rt.remove_container(&id).unwrap(),
+        }
+        return;
+    }
     if let Ok(sandbox) = std::env::var("CRASH_SANDBOX") {
         let c: sandboxd::ContainerConfig =
             serde_json::from_str(&std::env::var("CRASH_CONTAINER").unwrap()).unwrap();
@@ -213,6 +223,100 @@ fn crash_while_creating_a_container() {
             "{fp}: container dirs left: {ctr_dirs:?}"
         );
         env.remove_all(&rt);
+        drop(rt);
+        env.assert_no_leaks();
+    }
+}
+
+/// For every failpoint of StartContainer, StopContainer and RemoveContainer, a child aborts
+/// there; the next Runtime reports what the runtime says (a container started just before
+/// the crash is running, with its start time), the retried call succeeds, and nothing is left
+/// after the pod is removed.
+#[test]
+fn crash_while_starting_stopping_removing_a_container() {
+    const IMAGE: &str = "sandboxd.test/busybox:latest";
+    let env = Env::new("crashops");
+    let layout = busybox::oci_layout(&env.base, IMAGE);
+    env.runtime().images().import(&layout, None).unwrap();
+    let runc_status = |id: &str| {
+        sh_ok(&format!(
+            "runc --root {} state {id}",
+            env.runtime_root("runc").display()
+        ))
+        .1
+    };
+    for (i, fp) in sandboxd::failpoint::CONTAINER_OPS.iter().enumerate() {
+        let op = fp.split(':').next().unwrap();
+        let rt = env.runtime();
+        let sb = rt
+            .run_pod_sandbox(&env.pod(&format!("crashops{i}"), false))
+            .unwrap();
+        let ctr = sandboxd::ContainerConfig {
+            metadata: sandboxd::ContainerMetadata {
+                name: format!("c{i}"),
+                attempt: 0,
+            },
+            image: IMAGE.into(),
+            // Ignores SIGTERM: a stop goes all the way to SIGKILL.
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                "trap '' TERM; while :; do sleep 1; done".into(),
+            ],
+            ..Default::default()
+        };
+        let id = rt.create_container(&sb, &ctr).unwrap();
+        if op != "start" {
+            rt.start_container(&id).unwrap();
+        }
+        drop(rt);
+        let op_name = match op {
+            "start" => "start",
+            "stopctr" => "stop",
+            _ => "remove",
+        };
+        crash_child_at(
+            &env,
+            fp,
+            &[
+                ("CRASH_POD", "{}".to_string()),
+                ("CRASH_OP", op_name.to_string()),
+                ("CRASH_ID", id.clone()),
+            ],
+        );
+        let rt = env.runtime();
+        match op_name {
+            "start" => {
+                let s = rt.container_status(&id).unwrap();
+                assert_eq!(s.state, ContainerState::Running, "{fp}: {s:?}");
+                assert!(s.started_at > 0, "{fp}: no start time");
+                assert!(runc_status(&id).contains("running"), "{fp}");
+                // kubelet retries the start: success.
+                rt.start_container(&id).unwrap();
+                let r = rt
+                    .exec_sync(&id, &["true".into()], std::time::Duration::from_secs(10))
+                    .unwrap();
+                assert_eq!(r.exit_code, 0);
+            }
+            "stop" => {
+                rt.stop_container(&id, std::time::Duration::from_secs(1))
+                    .unwrap();
+                assert_eq!(
+                    rt.container_status(&id).unwrap().state,
+                    ContainerState::Exited,
+                    "{fp}"
+                );
+                assert!(!runc_status(&id).contains("running"), "{fp}");
+            }
+            _ => {
+                rt.remove_container(&id).unwrap();
+                assert!(rt.list_containers(&Default::default()).is_empty(), "{fp}");
+            }
+        }
+        env.remove_all(&rt);
+        drop(rt);
+        let rt = env.runtime();
+        assert!(rt.list_containers(&Default::default()).is_empty(), "{fp}");
         drop(rt);
         env.assert_no_leaks();
     }

@@ -665,6 +665,226 @@ fn idle_sessions_time_out_and_sessions_are_capped() {
     s.finish();
 }
 
+/// The number a counting loop in the container last wrote to `/tmp/<name>`.
+fn counter(s: &Setup, name: &str) -> u64 {
+    let r =
+        s.rt.exec_sync(
+            &s.container,
+            &["cat".into(), format!("/tmp/{name}")],
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    String::from_utf8_lossy(&r.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+/// Waits until no process in the container mentions `marker`.
+fn wait_no_process(s: &Setup, marker: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let ps =
+            s.rt.exec_sync(
+                &s.container,
+                &["ps".into(), "-o".into(), "args".into()],
+                Duration::from_secs(5),
+            )
+            .unwrap();
+        let ps = String::from_utf8_lossy(&ps.stdout).into_owned();
+        if !ps.contains(marker) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{marker} still runs:\n{ps}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A loop writing 64 KiB blocks to stdout and counting them in `/tmp/<name>`.
+fn producer(name: &str) -> String {
+    format!("i=0; while :; do head -c 65536 /dev/zero; i=$((i+1)); echo $i > /tmp/{name}; done")
+}
+
+#[test]
+fn slow_readers_hold_the_process_back_and_time_out() {
+    let s = setup("st-backpressure", "exec sleep 1000", 60);
+    let srv = s
+        .tokio
+        .block_on(StreamingServer::start(
+            s.rt.clone(),
+            StreamingConfig {
+                write_timeout_secs: 5,
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    let exec = |cmd: String| {
+        srv.exec_url(Target::Exec {
+            container_id: s.container.clone(),
+            cmd: vec!["sh".into(), "-c".into(), cmd],
+            tty: false,
+            stdin: false,
+            stdout: true,
+            stderr: false,
+        })
+        .unwrap()
+    };
+    // SPDY: the client opens its streams, then stops reading. The process is held back once
+    // the pipe, our fixed buffers and the sockets are full; it does not stream into our memory.
+    let mut c = Client::connect(&exec(producer("spdy")), &["v4.channel.k8s.io"]).unwrap();
+    let err = c.open(&[("streamtype", "error")]);
+    let out = c.open(&[("streamtype", "stdout")]);
+    std::thread::sleep(Duration::from_millis(2000));
+    let a = counter(&s, "spdy");
+    std::thread::sleep(Duration::from_millis(1000));
+    let b = counter(&s, "spdy");
+    assert!(a > 0, "the producer never ran");
+    assert_eq!(
+        a, b,
+        "the process kept writing to a client that does not read"
+    );
+    assert!(
+        a * 64 < 64 * 1024,
+        "{a} blocks (64 KiB) queued before the stall"
+    );
+    // Past the write timeout the session is closed and the process killed.
+    wait_no_process(&s, "/tmp/spdy");
+    c.read_timeout(Some(Duration::from_secs(5)));
+    c.wait_ended(&[err, out]);
+
+    // WebSocket: the same.
+    let url = exec(producer("ws"));
+    let ws = ws_connect(&url, "v4.channel.k8s.io");
+    std::thread::sleep(Duration::from_millis(2000));
+    let a = counter(&s, "ws");
+    std::thread::sleep(Duration::from_millis(1000));
+    let b = counter(&s, "ws");
+    assert!(a > 0, "the producer never ran");
+    assert_eq!(
+        a, b,
+        "the process kept writing to a client that does not read"
+    );
+    assert!(
+        a * 64 < 64 * 1024,
+        "{a} blocks (64 KiB) queued before the stall"
+    );
+    wait_no_process(&s, "/tmp/ws");
+    drop(ws);
+
+    // A SPDY client that does flow control gets no more than its windows allow.
+    let url = srv
+        .exec_url(Target::Exec {
+            container_id: s.container.clone(),
+            cmd: vec![
+                "sh".into(),
+                "-c".into(),
+                "read go; head -c 200000 /dev/zero".into(),
+            ],
+            tty: false,
+            stdin: true,
+            stdout: true,
+            stderr: false,
+        })
+        .unwrap();
+    let mut c = Client::connect(&url, &["v4.channel.k8s.io"]).unwrap();
+    let err = c.open(&[("streamtype", "error")]);
+    let inp = c.open(&[("streamtype", "stdin")]);
+    let out = c.open(&[("streamtype", "stdout")]);
+    c.window_update(0, 1); // we do flow control: 64 KiB per stream to start with
+    c.send(inp, b"go\n", true);
+    c.read_available(Duration::from_millis(1500));
+    assert_eq!(c.data.get(&out).map_or(0, |d| d.len()), 65536);
+    c.window_update(out, 10_000);
+    c.window_update(0, 10_000);
+    c.read_available(Duration::from_millis(1500));
+    assert_eq!(c.data.get(&out).map_or(0, |d| d.len()), 75536);
+    c.window_update(out, 1 << 20);
+    c.window_update(0, 1 << 20);
+    c.wait_ended(&[err, out]);
+    assert_eq!(c.data.get(&out).map_or(0, |d| d.len()), 200_000);
+    assert_eq!(status(&c.text(err))["status"], "Success");
+    s.finish();
+}
+
+#[test]
+fn half_open_connections_are_capped_and_timed_out() {
+    let s = setup("st-slowloris", "exec sleep 1000", 60);
+    let srv = s
+        .tokio
+        .block_on(StreamingServer::start(
+            s.rt.clone(),
+            StreamingConfig {
+                max_connections_per_ip: 10,
+                header_timeout_secs: 1,
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    use std::io::{Read, Write};
+    // 40 clients that send half a request header and then nothing.
+    let conns: Vec<std::net::TcpStream> = (0..40)
+        .map(|_| {
+            let mut c = std::net::TcpStream::connect(srv.addr).unwrap();
+            c.write_all(b"GET /exec/x HTTP/1.1\r\nHost: a\r\n").unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            c
+        })
+        .collect();
+    // Past the per-address cap, connections are closed at once; the others within the
+    // header timeout.
+    std::thread::sleep(Duration::from_millis(200));
+    fn closed(mut c: &std::net::TcpStream) -> bool {
+        c.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        let mut b = [0u8; 256];
+        match c.read(&mut b) {
+            Ok(n) => n == 0 || n < b.len(), // EOF, or an error answer before it
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        }
+    }
+    let closed_fast = conns.iter().filter(|c| closed(c)).count();
+    assert!(
+        closed_fast >= 30,
+        "only {closed_fast} connections refused at once"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let open = conns.iter().filter(|c| !closed(c)).count();
+    assert_eq!(open, 0, "half-open connections outlived the header timeout");
+    // A kept-alive connection idle after an answered request is closed the same way.
+    let mut c = std::net::TcpStream::connect(srv.addr).unwrap();
+    c.write_all(b"GET /exec/unknown HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = [0u8; 512];
+    let n = c.read(&mut b).unwrap();
+    assert!(String::from_utf8_lossy(&b[..n]).contains("404"));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        closed(&c),
+        "an idle kept-alive connection outlived the header timeout"
+    );
+    drop(conns);
+    // The server still serves a real client.
+    let url = srv
+        .exec_url(Target::Exec {
+            container_id: s.container.clone(),
+            cmd: vec!["echo".into(), "alive".into()],
+            tty: false,
+            stdin: false,
+            stdout: true,
+            stderr: false,
+        })
+        .unwrap();
+    let mut c = Client::connect(&url, &["v4.channel.k8s.io"]).unwrap();
+    let err = c.open(&[("streamtype", "error")]);
+    let out = c.open(&[("streamtype", "stdout")]);
+    c.wait_ended(&[err, out]);
+    assert_eq!(c.text(out), "alive\n");
+    s.finish();
+}
+
 #[test]
 fn streaming_over_tls() {
     let s = setup("st-tls", "exec sleep 1000", 60);

@@ -51,6 +51,10 @@ struct Cli {
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
+    /// Serve the daemon's metrics (Prometheus text format) at http://ADDR/metrics, e.g.
+    /// 127.0.0.1:9090. Off by default.
+    #[arg(long, env = "SANDBOXD_METRICS_ADDRESS")]
+    metrics_address: Option<std::net::SocketAddr>,
     /// Print the effective config as TOML and exit.
     #[arg(long)]
     print_default_config: bool,
@@ -78,6 +82,9 @@ fn effective_config(cli: &Cli) -> Result<DaemonConfig, sandboxd::Error> {
     };
     if let Some(v) = &cli.socket {
         cfg.socket = v.clone();
+    }
+    if let Some(v) = cli.metrics_address {
+        cfg.metrics_address = Some(v);
     }
     if let Some(v) = &cli.root {
         cfg.runtime.root = v.clone();
@@ -170,10 +177,13 @@ fn init_logging(cfg: &DaemonConfig) {
 fn daemon(cfg: DaemonConfig) -> Result<(), sandboxd::Error> {
     let socket = cfg.socket.clone();
     let started = Instant::now();
+    server::raise_fd_limit();
     let rt = Arc::new(Runtime::new(cfg.runtime.clone())?);
     let listener = server::bind_socket(&socket)?;
+    let metrics = cfg.metrics_address.map(server::bind_metrics).transpose()?;
     tracing::info!(
         socket = %socket.display(),
+        metrics = ?cfg.metrics_address,
         root = %cfg.runtime.root.display(),
         restored = rt.list_pod_sandboxes(&Default::default()).len(),
         ms = started.elapsed().as_millis() as u64,
@@ -183,7 +193,13 @@ fn daemon(cfg: DaemonConfig) -> Result<(), sandboxd::Error> {
         .enable_all()
         .build()
         .map_err(|e| sandboxd::Error::Config(format!("tokio: {e}")))?;
-    tokio.block_on(server::serve(rt, listener, socket, shutdown_signal()))?;
+    tokio.block_on(server::serve(
+        rt,
+        listener,
+        socket,
+        metrics,
+        shutdown_signal(),
+    ))?;
     tracing::info!("sandboxd stopped; pods keep running");
     Ok(())
 }

@@ -147,7 +147,7 @@ impl Cni {
     /// Stores the cache entry for `id` atomically.
     pub fn save_cache(&self, id: &str, entry: &CacheEntry) -> Result<(), CniError> {
         let path = self.cache_path(id);
-        std::fs::create_dir_all(&self.cache_dir).map_err(|e| CniError::Cache {
+        crate::state::files::private_dir_all(&self.cache_dir).map_err(|e| CniError::Cache {
             path: self.cache_dir.clone(),
             reason: e.to_string(),
         })?;
@@ -186,6 +186,16 @@ impl Cni {
         let Ok(rd) = std::fs::read_dir(&self.cache_dir) else {
             return Vec::new();
         };
+        // What a crash mid-write left (the entry it was replacing, if any, is intact).
+        for e in std::fs::read_dir(&self.cache_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if e.file_name().to_string_lossy().ends_with(".tmp") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
         rd.filter_map(|e| e.ok())
             .filter_map(|e| {
                 let name = e.file_name().into_string().ok()?;

@@ -4,12 +4,12 @@
 //! newest first, and releases the name.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 
 use super::spec::{self, Inputs};
 use super::*;
 use crate::error::{Error, HostError, Result};
-use crate::sandbox::{now_nanos, SandboxRecord, SandboxState};
+use crate::model::sandbox::{NamespaceMode, SandboxRecord, SandboxState};
+use crate::state::now_nanos;
 use crate::{failpoint, lock, validate, ContainerEntry, Runtime};
 
 pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -> Result<String> {
@@ -34,14 +34,25 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
             kind: "image",
             id: config.image.clone(),
         })?;
+    // Its layers cannot be collected from here on (a RemoveImage meanwhile).
+    let _pins = rt.images.pin(image.layers.iter().map(String::as_str));
     let namespaces = namespaces(rt, &sb, config)?;
+    let caps = spec::capabilities(config)?;
     let seccomp = match &config.security.seccomp {
         _ if config.security.privileged => None,
         Seccomp::Unconfined => None,
-        Seccomp::RuntimeDefault => Some(spec::runtime_default_seccomp()),
-        Seccomp::Localhost(p) => Some(spec::localhost_seccomp(p)?),
+        Seccomp::RuntimeDefault => Some(spec::runtime_default_seccomp(&caps)?),
+        Seccomp::Localhost(p) => Some(spec::localhost_seccomp(p, &caps)?),
     };
     let devices = devices(config)?;
+    check_mount_sources(config)?;
+    let apparmor =
+        crate::lsm::apparmor_profile(&config.security.apparmor, "security_context.apparmor")?;
+    let s = &config.security.selinux;
+    let selinux_label = crate::lsm::selinux_label(
+        [&s[0], &s[1], &s[2], &s[3]],
+        "security_context.selinux_options",
+    )?;
     let m = &sb.config.metadata;
     let name = format!(
         "k8s_{}_{}_{}_{}_{}",
@@ -57,6 +68,7 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
         sandbox_id: sb.id.clone(),
         config: config.clone(),
         image_id: image.id.clone(),
+        layers: image.layers.clone(),
         image_ref: image
             .repo_digests
             .first()
@@ -91,6 +103,7 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
                 .join("attach")
                 .join(format!("{}.sock", &id[..16])),
         ),
+        user: None,
         console_socket: config.tty.then(|| {
             rt.cfg
                 .root
@@ -108,22 +121,25 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
         }
         reg.names.reserve(&name, &id)?;
         reg.container_ids.insert(&id);
-        let entry = Arc::new(ContainerEntry {
-            op: Mutex::new(()),
-            record: Mutex::new(record),
-        });
+        let entry = ContainerEntry::new(record);
         reg.containers.insert(id.clone(), entry.clone());
         entry
     };
     let _op = lock(&entry.op);
     tracing::info!(container_id = %id, sandbox_id = %sb.id, name = %name, image = %image.id, "creating container");
-    match build(rt, &entry, &sb, &image, namespaces, seccomp, devices) {
-        Ok(()) => Ok(id),
+    let lsm = (apparmor, selinux_label);
+    match build(rt, &entry, &sb, &image, namespaces, seccomp, devices, lsm) {
+        Ok(()) => {
+            let dir = lock(&entry.record).dir.clone();
+            rt.exit_watch.add(&id, &dir);
+            rt.emit(crate::events::EventKind::Created, &id, &sb.id);
+            Ok(id)
+        }
         Err(err) => {
             tracing::warn!(container_id = %id, error = %err, "container creation failed; rolling back");
-            match super::lifecycle::teardown(rt, &entry) {
+            match super::remove::teardown(rt, &entry) {
                 Ok(()) => {
-                    super::lifecycle::unregister(rt, &entry);
+                    super::remove::unregister(rt, &entry);
                     Err(err)
                 }
                 Err(undo) => Err(Error::Many(vec![err, Error::step("roll back", &id, undo)])),
@@ -132,6 +148,7 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
     }
 }
 
+#[allow(clippy::too_many_arguments)] // the create's validated parts, each used once
 fn build(
     rt: &Runtime,
     entry: &ContainerEntry,
@@ -140,17 +157,13 @@ fn build(
     namespaces: Vec<(&'static str, Option<PathBuf>)>,
     seccomp: Option<serde_json::Value>,
     devices: Vec<spec::DeviceNode>,
+    (apparmor, selinux_label): (Option<String>, Option<String>),
 ) -> Result<()> {
     let rec = lock(&entry.record).clone();
     let id = rec.id.as_str();
-    std::fs::create_dir(&rec.dir).map_err(|e| {
-        Error::step(
-            "create container dir",
-            id,
-            HostError::io("create", &rec.dir, e),
-        )
-    })?;
-    update(entry, |_| {})?;
+    crate::state::files::private_dir(&rec.dir)
+        .map_err(|e| Error::step("create container dir", id, e))?;
+    entry.update(|_| {})?;
     failpoint::hit("create:recorded");
 
     let lower = image
@@ -168,12 +181,31 @@ fn build(
     .map_err(|e| Error::step("mount rootfs", id, e))?;
     failpoint::hit("create:rootfs");
 
+    refuse_blocking_account_files(&rec.rootfs())?;
     let user = spec::resolve_user(&rec.config, &image.config, &rec.rootfs())?;
+    entry.note(|r| {
+        r.user = Some(EffectiveUser {
+            uid: user.uid,
+            gid: user.gid,
+            supplemental_groups: user.additional_gids.clone(),
+        })
+    });
+    // Recursively read-only mounts: made here (a detached read-only copy of the host tree,
+    // attached under the container dir) and bound by the runtime from there.
+    let mut config = rec.config.clone();
+    for (i, m) in config.mounts.iter_mut().enumerate() {
+        if m.recursive_read_only {
+            let at = rec.dir.join("rro").join(i.to_string());
+            crate::mounts::mount_recursive_read_only(Path::new(&m.host_path), &at)
+                .map_err(|e| Error::step("make a recursively read-only mount", id, e))?;
+            m.host_path = at.to_string_lossy().into_owned();
+        }
+    }
     let hostname = sb.config.effective_hostname();
     let oci = spec::build(&Inputs {
         id,
         sandbox_id: &sb.id,
-        config: &rec.config,
+        config: &config,
         image: &image.config,
         image_name: &rec.config.image,
         rootfs: &rec.rootfs(),
@@ -189,6 +221,14 @@ fn build(
         ),
         seccomp,
         devices,
+        apparmor,
+        selinux_label,
+        sysctls: sb
+            .config
+            .sysctls
+            .iter()
+            .map(|(k, v)| (crate::sysctl::normalize(k), v.clone()))
+            .collect(),
     })?;
     crate::oci::spec::save(&oci, &rec.dir.join("config.json"))
         .map_err(|e| Error::step("write bundle", id, e))?;
@@ -206,7 +246,7 @@ fn build(
         .create(id, &rec.dir, &files)
         .map_err(|e| Error::step("create container", id, e))?;
     failpoint::hit("create:runtime");
-    update(entry, |r| {
+    entry.update(|r| {
         r.state = ContainerState::Created;
         r.pid = pid;
     })
@@ -254,6 +294,11 @@ fn namespaces(
                 Some(PathBuf::from(format!("/proc/{}/ns/pid", target.pid))),
             ));
         }
+    }
+    // On a cgroup v2 host a container sees its own cgroup as the root (containerd and CRI-O
+    // do the same); v1 and hybrid hosts get the runtime's bind mounts of its own cgroups.
+    if crate::oci::spec::cgroup_v2_only() && !c.security.privileged {
+        out.push(("cgroup", None));
     }
     Ok(out)
 }
@@ -344,13 +389,61 @@ fn device_node(
     })
 }
 
-/// Applies `f` to the record and persists it (in memory only before the dir exists).
-pub(crate) fn update(entry: &ContainerEntry, f: impl FnOnce(&mut ContainerRecord)) -> Result<()> {
-    let mut r = lock(&entry.record);
-    f(&mut r);
-    if !r.dir.is_dir() {
-        return Ok(());
+/// Mount propagation can only work from a source the host shares: bidirectional needs a
+/// shared mount, host-to-container a shared or slave one (else the setting would silently do
+/// nothing). Recursively read-only mounts need the kernel's mount_setattr.
+fn check_mount_sources(c: &ContainerConfig) -> Result<()> {
+    for m in &c.mounts {
+        if m.recursive_read_only && !crate::mounts::recursive_read_only_supported() {
+            return Err(Error::InvalidArgument(format!(
+                "mounts.recursive_read_only ({}): this node's kernel cannot make recursively read-only mounts",
+                m.container_path
+            )));
+        }
+        if m.propagation == Propagation::Private {
+            continue;
+        }
+        let (at, shared, slave) =
+            crate::mounts::propagation_of(Path::new(&m.host_path)).map_err(|e| {
+                Error::InvalidArgument(format!("mounts.host_path {}: {e}", m.host_path))
+            })?;
+        let ok = match m.propagation {
+            Propagation::Bidirectional => shared,
+            _ => shared || slave,
+        };
+        if !ok {
+            return Err(Error::InvalidArgument(format!(
+                "mounts.propagation: {} is on the mount {}, which is not a {} mount; {:?} propagation needs one",
+                m.host_path,
+                at.display(),
+                if m.propagation == Propagation::Bidirectional { "shared" } else { "shared or slave" },
+                m.propagation
+            )));
+        }
     }
-    crate::state::write_json_atomic(&r.state_file(), &*r)
-        .map_err(|e| Error::step("persist container state", &r.id, e))
+    Ok(())
+}
+
+/// The OCI runtime reads the container's `/etc/passwd` and `/etc/group` itself while it
+/// starts the container (runc does, whatever the user): one that is a FIFO or a device would
+/// hang it. Such an image is refused before the runtime is called.
+fn refuse_blocking_account_files(rootfs: &Path) -> Result<()> {
+    for f in ["etc/passwd", "etc/group"] {
+        let kind = crate::untrusted_fs::kind_in_root(rootfs, Path::new(f))
+            .map_err(|e| Error::InvalidArgument(format!("image's /{f}: {e}")))?;
+        if let Some(k) = kind.filter(|k| !k.is_file() && !k.is_dir()) {
+            use std::os::unix::fs::FileTypeExt;
+            let what = if k.is_fifo() {
+                "a FIFO"
+            } else if k.is_socket() {
+                "a socket"
+            } else {
+                "a device node"
+            };
+            return Err(Error::InvalidArgument(format!(
+                "the image's /{f} is {what}, not a regular file; the runtime would block reading it"
+            )));
+        }
+    }
+    Ok(())
 }

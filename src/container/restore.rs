@@ -3,12 +3,11 @@
 //! that happened while the daemon was away, marks containers whose monitor vanished without
 //! an exit as exited, and removes containers whose sandbox no longer exists.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use super::create::update;
 use super::*;
 use crate::error::Result;
-use crate::sandbox::now_nanos;
+use crate::state::now_nanos;
 use crate::{lock, ContainerEntry, Runtime};
 
 pub(crate) fn load(rt: &Runtime) -> Result<()> {
@@ -16,8 +15,8 @@ pub(crate) fn load(rt: &Runtime) -> Result<()> {
     for (id, path, rec) in crate::state::record_dirs::<ContainerRecord>(&dir, "container")? {
         match rec {
             Ok(Some(rec)) if rec.id == id => register(rt, rec),
-            Ok(Some(_)) => {
-                tracing::warn!(container_id = %id, "record names another id; leaving it alone")
+            Ok(Some(rec)) => {
+                quarantine(rt, &id, format!("its record names another id ({})", rec.id))
             }
             Ok(None) => {
                 // Created dir, crashed before the first record: nothing else exists yet but
@@ -28,20 +27,22 @@ pub(crate) fn load(rt: &Runtime) -> Result<()> {
                     tracing::warn!(container_id = %id, error = %e, "cannot remove orphan container dir");
                 }
             }
-            Err(e) => {
-                tracing::warn!(container_id = %id, error = %e, "unreadable container record; leaving it alone")
-            }
+            Err(e) => quarantine(rt, &id, format!("unreadable record: {e}")),
         }
     }
     Ok(())
 }
 
+/// Leaves a container whose record cannot be trusted alone (its runtime container, rootfs
+/// and monitor) until an explicit RemoveContainer of its id.
+fn quarantine(rt: &Runtime, id: &str, why: String) {
+    tracing::error!(container_id = %id, reason = %why, "container quarantined: nothing it may own is collected; RemoveContainer of its id finishes its teardown");
+    lock(&rt.quarantine).containers.insert(id.to_string(), why);
+}
+
 fn register(rt: &Runtime, rec: ContainerRecord) {
     let (id, name, state) = (rec.id.clone(), rec.name.clone(), rec.state);
-    let entry = Arc::new(ContainerEntry {
-        op: Mutex::new(()),
-        record: Mutex::new(rec),
-    });
+    let entry = ContainerEntry::new(rec);
     {
         let mut reg = lock(&rt.registry);
         if let Err(e) = reg.names.reserve(&name, &id) {
@@ -52,11 +53,11 @@ fn register(rt: &Runtime, rec: ContainerRecord) {
     }
     if state == ContainerState::Creating {
         tracing::info!(container_id = %id, "rolling back a container whose creation was interrupted");
-        match super::lifecycle::teardown(rt, &entry) {
-            Ok(()) => super::lifecycle::unregister(rt, &entry),
+        match super::remove::teardown(rt, &entry) {
+            Ok(()) => super::remove::unregister(rt, &entry),
             Err(e) => {
                 tracing::warn!(container_id = %id, error = %e, "rollback incomplete; RemoveContainer finishes it");
-                let _ = update(&entry, |r| r.state = ContainerState::Unknown);
+                let _ = entry.update(|r| r.state = ContainerState::Unknown);
             }
         }
     }
@@ -67,22 +68,51 @@ pub(crate) fn reconcile(rt: &Runtime) {
         lock(&rt.registry).containers.values().cloned().collect();
     for entry in entries {
         let rec = lock(&entry.record).clone();
+        if lock(&rt.quarantine).sandboxes.contains_key(&rec.sandbox_id) {
+            tracing::warn!(container_id = %rec.id, sandbox_id = %rec.sandbox_id, "its sandbox is quarantined; left as it is");
+            continue;
+        }
         if rt.lookup(&rec.sandbox_id).ok().flatten().is_none() {
             tracing::info!(container_id = %rec.id, sandbox_id = %rec.sandbox_id, "removing a container whose sandbox is gone");
             let _op = lock(&entry.op);
-            if let Err(e) = super::lifecycle::remove_locked(rt, &entry) {
+            if let Err(e) = super::remove::remove_locked(rt, &entry) {
                 tracing::warn!(container_id = %rec.id, error = %e, "cannot remove orphaned container");
             }
             continue;
         }
-        let rec = super::lifecycle::refresh(&entry);
+        let rec = super::status::refresh(rt, &entry);
+        // What the runtime says, asked only for records whose step may have been in flight
+        // (a crash between `runtime start` and the record saying so) or whose monitor is gone.
+        let runtime_status = || {
+            rt.handler(&rec.runtime_handler)
+                .ok()
+                .and_then(|r| r.state(&rec.id).ok().flatten())
+                .map(|s| s.status)
+        };
+        if rec.state == ContainerState::Created && runtime_status().as_deref() == Some("running") {
+            tracing::info!(container_id = %rec.id, "the container was started before the crash: recording it running");
+            let _ = entry.update(|r| {
+                r.state = ContainerState::Running;
+                r.started_at = crate::process::start_time_nanos(r.pid).unwrap_or_else(now_nanos);
+            });
+            rt.emit(crate::events::EventKind::Started, &rec.id, &rec.sandbox_id);
+        }
+        // Watched before the last look at the exit file: an exit from now on wakes the watcher.
+        if matches!(rec.state, ContainerState::Running | ContainerState::Created) {
+            rt.exit_watch.add(&rec.id, &rec.dir);
+        }
+        let rec = super::status::refresh(rt, &entry);
         if matches!(rec.state, ContainerState::Running | ContainerState::Created) {
             let files = rec.files();
             let monitor_alive = files.monitor_pid().is_some_and(crate::process::alive);
-            if !monitor_alive && files.exit().is_none() {
+            if !monitor_alive
+                && files.exit().is_none()
+                && runtime_status().as_deref() == Some("running")
+            {
+                tracing::warn!(container_id = %rec.id, "the container's monitor is gone but the container runs: its output is no longer logged");
+            } else if !monitor_alive && files.exit().is_none() {
                 tracing::warn!(container_id = %rec.id, "container's monitor vanished while the daemon was down");
-                let _ = update(&entry, |r| {
-                    r.state = ContainerState::Exited;
+                super::status::mark_exited(rt, &entry, |r| {
                     r.exit_code = 255;
                     r.reason = "Unknown".into();
                     r.message = "the monitor exited without recording the container's exit (host reboot or kill)".into();

@@ -1,17 +1,26 @@
-//! PullImage from an OCI/Docker registry with `oci-client`: the configured mirrors first,
-//! then the registry itself; basic and bearer-token auth from the request; HTTP only for
-//! registries configured `insecure` (and loopback ones, as Docker does). Layers go through
-//! the store (digest verified, unpacked once); blobs already stored are not downloaded again.
+//! PullImage: the configured mirrors first, then the registry itself (HTTPS; plain HTTP only
+//! for registries configured `insecure` and loopback ones, as Docker does). Credentials go
+//! only to the registry they were given for (the request's `server_address`, else the image's
+//! registry), never to a mirror. The manifest (an index resolved to this platform) and config
+//! are fetched with size bounds and verified; then the layers this store does not have yet
+//! are downloaded concurrently (bounded), each streamed once through its size and digest
+//! check, decompression and unpacking (no second pass, no temp copy), and committed only once
+//! both its digest and its diff id verified. Foreign layer URLs are never fetched.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Instant;
 
-use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::secrets::RegistryAuth;
+use bytes::Bytes;
+use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::Digest;
 
 use super::reference::Reference;
-use super::{ImageRecord, ImageStore};
+use super::registry::{api_host, Creds, Registry, RegistryError};
+use super::store::{parse_config, ImageStore, NewImage, MAX_DOCUMENT};
+use super::ImageRecord;
 use crate::error::{Error, HostError, Result};
 
 /// Per-registry settings (`[registries."host:port"]` in the config file).
@@ -36,23 +45,61 @@ pub struct Auth {
     pub password: String,
     /// A registry (bearer) token used as is.
     pub registry_token: String,
+    /// The registry the credentials are for (`host[:port]`, a URL is accepted); empty = the
+    /// image's own registry.
+    pub server_address: String,
 }
 
 impl std::fmt::Debug for Auth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Auth {{ username: {:?}, .. }}", self.username)
+        write!(
+            f,
+            "Auth {{ username: {:?}, server_address: {:?}, .. }}",
+            self.username, self.server_address
+        )
     }
 }
 
 impl Auth {
-    fn registry_auth(&self) -> RegistryAuth {
+    fn creds(&self) -> Option<Creds> {
         if !self.registry_token.is_empty() {
-            RegistryAuth::Bearer(self.registry_token.clone())
+            Some(Creds::Bearer(self.registry_token.clone()))
         } else if !self.username.is_empty() {
-            RegistryAuth::Basic(self.username.clone(), self.password.clone())
+            Some(Creds::Basic(self.username.clone(), self.password.clone()))
         } else {
-            RegistryAuth::Anonymous
+            None
         }
+    }
+
+    /// The credentials for endpoint `host` of an image on registry `domain`: only if `host`
+    /// is the registry they were given for.
+    fn for_endpoint(&self, host: &str, domain: &str) -> Option<Creds> {
+        let target = if self.server_address.is_empty() {
+            domain.to_string()
+        } else {
+            let s = self.server_address.trim_end_matches('/');
+            let s = s.split_once("://").map_or(s, |(_, rest)| rest);
+            s.split('/').next().unwrap_or(s).to_string()
+        };
+        let norm = |h: &str| api_host(h).to_ascii_lowercase();
+        (norm(&target) == norm(host))
+            .then(|| self.creds())
+            .flatten()
+    }
+
+    /// A key telling apart pulls that may share one download (same image, same credentials).
+    pub fn share_key(&self) -> String {
+        let mut h = sha2::Sha256::new();
+        for f in [
+            &self.username,
+            &self.password,
+            &self.registry_token,
+            &self.server_address,
+        ] {
+            h.update((f.len() as u64).to_be_bytes());
+            h.update(f.as_bytes());
+        }
+        super::unpack::hex(&h.finalize())
     }
 }
 
@@ -85,11 +132,25 @@ fn endpoints(r: &Reference, registries: &BTreeMap<String, RegistryConfig>) -> Ve
             (!host.is_empty()).then(|| (host.to_string(), http))
         })
         .collect();
-    out.push((r.domain.clone(), false));
+    let host = api_host(&r.domain).to_string();
+    out.push((host.clone(), false));
     if cfg.insecure || is_loopback(&r.domain) {
-        out.push((r.domain.clone(), true));
+        out.push((host, true));
     }
     out
+}
+
+/// The error a registry failure maps to (its code reaches kubelet).
+fn to_error(image: &str, e: RegistryError) -> Error {
+    match e {
+        RegistryError::NotFound(m) => Error::NotFound {
+            kind: "image",
+            id: format!("{image} ({m})"),
+        },
+        RegistryError::Unauthenticated(m) => Error::Unauthenticated(m),
+        RegistryError::Denied(m) => Error::PermissionDenied(m),
+        e => Error::step("pull image", image, e),
+    }
 }
 
 /// Pulls `image` into `store`, tagging it with the normalized reference.
@@ -98,42 +159,129 @@ pub async fn pull(
     image: &str,
     auth: &Auth,
     registries: &BTreeMap<String, RegistryConfig>,
-) -> Result<ImageRecord> {
+) -> Result<(ImageRecord, u64)> {
     let r = Reference::parse(image)?;
-    let mut certs = Vec::new();
-    if let Some(ca) = registries.get(&r.domain).and_then(|c| c.ca_file.as_ref()) {
-        let data = std::fs::read(ca).map_err(|e| HostError::io("read CA file", ca, e))?;
-        certs.push(oci_client::client::Certificate {
-            encoding: oci_client::client::CertificateEncoding::Pem,
-            data,
-        });
-    }
-    let mut errors = Vec::new();
+    let ca = match registries.get(&r.domain).and_then(|c| c.ca_file.as_ref()) {
+        Some(p) => crate::untrusted_fs::read_file(p, 1 << 20)
+            .map_err(|e| Error::Config(format!("registry {} ca_file: {e}", r.domain)))?,
+        None => Vec::new(),
+    };
+    let started = Instant::now();
+    let mut last: Option<Error> = None;
+    let mut tried = Vec::new();
     for (host, http) in endpoints(&r, registries) {
-        match pull_from(store, &r, &host, http, auth, &certs).await {
-            Ok(rec) => return Ok(rec),
+        let creds = auth.for_endpoint(&host, &r.domain);
+        match pull_from(store, &r, &host, http, creds, &ca).await {
+            Ok((rec, bytes)) => {
+                let secs = started.elapsed().as_secs_f64();
+                tracing::info!(
+                    image = %r.full(),
+                    image_id = %rec.id,
+                    endpoint = %host,
+                    bytes,
+                    seconds = secs,
+                    mb_per_s = bytes as f64 / 1e6 / secs.max(1e-9),
+                    "image pulled"
+                );
+                return Ok((rec, bytes));
+            }
             Err(e) => {
-                tracing::warn!(image = %r.full(), endpoint = %host, error = %e, "pull from endpoint failed");
                 let scheme = if http { "http" } else { "https" };
-                errors.push(format!("{scheme}://{host}: {e}"));
+                tracing::warn!(image = %r.full(), endpoint = %format!("{scheme}://{host}"), error = %e, "pull from endpoint failed");
+                tried.push(format!("{scheme}://{host}: {e}"));
+                // Our own limits and a bad image are not the endpoint's fault: stop.
+                if matches!(e, PullError::Local(_)) {
+                    return Err(e.into_error(image));
+                }
+                last = Some(e.into_error(image));
             }
         }
     }
-    Err(Error::Host(HostError::Other(errors.join("; "))))
+    // The registry's own answer decides the code; the message lists every endpoint.
+    Err(match last {
+        Some(Error::NotFound { kind, .. }) => Error::NotFound {
+            kind,
+            id: format!("{image}: {}", tried.join("; ")),
+        },
+        Some(Error::Unauthenticated(_)) => Error::Unauthenticated(tried.join("; ")),
+        Some(Error::PermissionDenied(_)) => Error::PermissionDenied(tried.join("; ")),
+        _ => Error::step("pull image", image, HostError::Other(tried.join("; "))),
+    })
 }
 
-/// An error with its causes (reqwest hides TLS and connection errors in its sources).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s = format!("{s}: {m}");
+/// A pull from one endpoint failed: the endpoint (try the next) or this image/our store (stop).
+#[derive(Debug, thiserror::Error)]
+enum PullError {
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error("{0}")]
+    Local(Error),
+}
+
+impl PullError {
+    fn into_error(self, image: &str) -> Error {
+        match self {
+            PullError::Registry(e) => to_error(image, e),
+            PullError::Local(e) => e,
         }
-        cur = c.source();
     }
-    s
+}
+
+impl From<Error> for PullError {
+    fn from(e: Error) -> Self {
+        PullError::Local(e)
+    }
+}
+
+/// A layer of a manifest.
+#[derive(Debug, Clone)]
+struct LayerDesc {
+    digest: String,
+    size: u64,
+    media_type: String,
+    foreign: bool,
+}
+
+/// The manifest for this platform: resolves an index to its linux/<arch> entry.
+async fn resolve(
+    reg: &Registry,
+    r: &Reference,
+) -> std::result::Result<(Value, String, Option<String>), PullError> {
+    let reference = r
+        .digest
+        .clone()
+        .unwrap_or_else(|| r.tag.clone().unwrap_or_else(|| "latest".into()));
+    let (body, media, digest) = reg.manifest(&reference, MAX_DOCUMENT as usize).await?;
+    let v: Value = serde_json::from_slice(&body)
+        .map_err(|e| RegistryError::Invalid(format!("manifest {digest}: {e}")))?;
+    let is_index =
+        media.contains("index") || media.contains("manifest.list") || v["manifests"].is_array();
+    if !is_index {
+        return Ok((v, digest, None));
+    }
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        a => a,
+    };
+    let pick = v["manifests"]
+        .as_array()
+        .and_then(|ms| {
+            ms.iter()
+                .find(|m| m["platform"]["os"] == "linux" && m["platform"]["architecture"] == arch)
+        })
+        .and_then(|m| m["digest"].as_str())
+        .map(str::to_string)
+        .ok_or_else(|| {
+            RegistryError::NotFound(format!("{}: no linux/{arch} image in its index", r.full()))
+        })?;
+    let (body, _, mdigest) = reg.manifest(&pick, MAX_DOCUMENT as usize).await?;
+    let m: Value = serde_json::from_slice(&body)
+        .map_err(|e| RegistryError::Invalid(format!("manifest {mdigest}: {e}")))?;
+    if m["manifests"].is_array() {
+        return Err(RegistryError::Invalid(format!("{pick}: an index inside an index")).into());
+    }
+    Ok((m, mdigest, Some(digest)))
 }
 
 async fn pull_from(
@@ -141,80 +289,273 @@ async fn pull_from(
     r: &Reference,
     host: &str,
     http: bool,
-    auth: &Auth,
-    certs: &[oci_client::client::Certificate],
-) -> std::result::Result<ImageRecord, String> {
-    let protocol = if http {
-        ClientProtocol::HttpsExcept(vec![host.to_string()])
-    } else {
-        ClientProtocol::Https
-    };
-    let client = oci_client::Client::new(ClientConfig {
-        protocol,
-        connect_timeout: Some(std::time::Duration::from_secs(10)),
-        read_timeout: Some(std::time::Duration::from_secs(60)),
-        extra_root_certificates: certs.to_vec(),
-        ..Default::default()
-    });
-    let oref = match (&r.tag, &r.digest) {
-        (_, Some(d)) => oci_client::Reference::with_digest(host.into(), r.path.clone(), d.clone()),
-        (Some(t), None) => oci_client::Reference::with_tag(host.into(), r.path.clone(), t.clone()),
-        (None, None) => {
-            oci_client::Reference::with_tag(host.into(), r.path.clone(), "latest".into())
+    creds: Option<Creds>,
+    ca: &[u8],
+) -> std::result::Result<(ImageRecord, u64), PullError> {
+    let reg = Registry::new(host, http, &r.path, creds, ca)?;
+    let (manifest, manifest_digest, list_digest) = resolve(&reg, r).await?;
+    let config_digest = manifest["config"]["digest"]
+        .as_str()
+        .ok_or_else(|| RegistryError::Invalid("the manifest names no config".into()))?
+        .to_string();
+    super::store::digest_hex(&config_digest)?;
+    let mut layers = Vec::new();
+    for l in manifest["layers"].as_array().cloned().unwrap_or_default() {
+        let digest = l["digest"].as_str().unwrap_or("").to_string();
+        super::store::digest_hex(&digest)?;
+        let media_type = l["mediaType"].as_str().unwrap_or("").to_string();
+        layers.push(LayerDesc {
+            size: l["size"]
+                .as_u64()
+                .ok_or_else(|| RegistryError::Invalid(format!("layer {digest} has no size")))?,
+            foreign: media_type.contains("foreign") || media_type.contains("nondistributable"),
+            digest,
+            media_type,
+        });
+    }
+    let config_bytes = reg
+        .blob_bytes(&config_digest, MAX_DOCUMENT as usize)
+        .await?;
+    let parsed = parse_config(&config_bytes)?;
+    if parsed.diff_ids.len() != layers.len() {
+        return Err(PullError::Local(Error::InvalidArgument(format!(
+            "image: config lists {} layers, the manifest {}",
+            parsed.diff_ids.len(),
+            layers.len()
+        ))));
+    }
+    // Keep what this pull relies on from being collected until the image is recorded.
+    let mut pins = store.pin(parsed.diff_ids.iter().map(String::as_str));
+    pins.add(&config_digest);
+    pins.add(&manifest_digest);
+    let mut size = store.put_blob(&config_digest, &mut &config_bytes[..], MAX_DOCUMENT)?;
+    let manifest_bytes = serde_json::to_vec(&manifest).unwrap_or_default();
+    let mut blobs = vec![config_digest.clone()];
+    if super::store::sha256_of(&manifest_bytes) == manifest_digest {
+        store.put_blob(&manifest_digest, &mut &manifest_bytes[..], MAX_DOCUMENT)?;
+        blobs.push(manifest_digest.clone());
+    }
+    size += layers.iter().map(|l| l.size).sum::<u64>();
+    let missing: Vec<(LayerDesc, String)> = layers
+        .iter()
+        .cloned()
+        .zip(parsed.diff_ids.iter().cloned())
+        .filter(|(_, diff_id)| !store.has_layer(diff_id))
+        .collect();
+    if let Some(l) = missing.iter().find(|(l, _)| l.foreign) {
+        return Err(PullError::Local(Error::InvalidArgument(format!(
+            "image {}: layer {} is a foreign layer ({}); its URLs are never fetched",
+            r.full(),
+            l.0.digest,
+            l.0.media_type
+        ))));
+    }
+    // The compressed sizes alone must fit in what is free above the reserve.
+    let need: u64 = missing.iter().map(|(l, _)| l.size).sum();
+    if let Some(free) = super::unpack::free_bytes(&store.dir) {
+        if free < need.saturating_add(store.cfg.min_free_bytes) {
+            return Err(PullError::Local(Error::ResourceExhausted(format!(
+                "pull of {}: {need} bytes of layers do not fit in the {free} bytes free in {} (reserve {})",
+                r.full(),
+                store.dir.display(),
+                store.cfg.min_free_bytes
+            ))));
         }
-    };
-    let auth = auth.registry_auth();
-    let (manifest, manifest_digest, config, list_digest) = client
-        .pull_manifest_and_config_and_list_digest(&oref, &auth)
-        .await
-        .map_err(|e| chain(&e))?;
-    let config_bytes = config.into_bytes();
-    let config_digest = manifest.config.digest.clone();
-    let mut size = store
-        .put_blob(&config_digest, &mut &config_bytes[..])
-        .map_err(|e| e.to_string())?;
-    let tmp = store
-        .dir
-        .join("tmp")
-        .join(format!("pull-{}", &crate::validate::new_id()[..16]));
-    std::fs::create_dir_all(&tmp).map_err(|e| format!("create {}: {e}", tmp.display()))?;
-    let result = async {
-        let mut blobs: Vec<PathBuf> = Vec::new();
-        for layer in &manifest.layers {
-            let dest = store.blob_path(&layer.digest).map_err(|e| e.to_string())?;
-            if !dest.exists() {
-                let part = tmp.join(layer.digest.replace(':', "-"));
-                let mut f = tokio::fs::File::create(&part)
-                    .await
-                    .map_err(|e| format!("create {}: {e}", part.display()))?;
-                client
-                    .pull_blob(&oref, layer, &mut f)
-                    .await
-                    .map_err(|e| format!("layer {}: {}", layer.digest, chain(&e)))?;
-                drop(f);
-                store
-                    .adopt_blob(&layer.digest, &part)
-                    .map_err(|e| e.to_string())?;
+    }
+    let downloaded: u64 = missing.iter().map(|(l, _)| l.size).sum();
+    let results: Vec<std::result::Result<Option<String>, PullError>> =
+        futures_util::stream::iter(missing.into_iter().map(|(l, diff_id)| {
+            let reg = &reg;
+            async move { fetch_layer(store, reg, &l, &diff_id).await }
+        }))
+        .buffer_unordered(store.cfg.max_concurrent_downloads.max(1))
+        .collect()
+        .await;
+    for r in results {
+        if let Some(kept) = r? {
+            pins.add(&kept);
+            blobs.push(kept);
+        }
+    }
+    let repo_digest = list_digest.unwrap_or(manifest_digest);
+    let rec = store.register(NewImage {
+        config_digest: &config_digest,
+        parsed,
+        size,
+        blobs,
+        tag: Some(&r.full()),
+        manifest_digest: Some(&repo_digest),
+    })?;
+    drop(pins);
+    Ok((rec, downloaded))
+}
+
+/// One item of a layer's byte stream into the unpacker.
+enum Chunk {
+    Data(Bytes),
+    /// The stream ended and verified.
+    Done,
+    Fail(String),
+}
+
+/// The unpacker's side of a layer stream: an error unless the stream ended with `Done`.
+struct ChannelReader {
+    rx: tokio::sync::mpsc::Receiver<Chunk>,
+    cur: Bytes,
+    done: bool,
+}
+
+impl std::io::Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.cur.is_empty() {
+            if self.done {
+                return Ok(0);
             }
-            size += std::fs::metadata(&dest).map(|m| m.len()).unwrap_or(0);
-            blobs.push(dest);
+            match self.rx.blocking_recv() {
+                Some(Chunk::Data(b)) => self.cur = b,
+                Some(Chunk::Done) => self.done = true,
+                Some(Chunk::Fail(m)) => return Err(std::io::Error::other(m)),
+                None => return Err(std::io::Error::other("the download was cancelled")),
+            }
         }
-        // The digest the tag resolves to: the index's when the registry serves one.
-        let repo_digest = list_digest.unwrap_or(manifest_digest);
-        store
-            .register(
-                &config_bytes,
-                &config_digest,
-                &blobs,
-                size,
-                Some(&r.full()),
-                Some(&repo_digest),
-            )
-            .map_err(|e| e.to_string())
+        let n = buf.len().min(self.cur.len());
+        buf[..n].copy_from_slice(&self.cur[..n]);
+        let _ = self.cur.split_to(n);
+        Ok(n)
+    }
+}
+
+/// Downloads one layer and unpacks it as it arrives; returns the digest of its kept blob
+/// (when blobs are kept).
+async fn fetch_layer(
+    store: &ImageStore,
+    reg: &Registry,
+    l: &LayerDesc,
+    diff_id: &str,
+) -> std::result::Result<Option<String>, PullError> {
+    let started = Instant::now();
+    let mut resp = reg.blob(&l.digest).await?;
+    if resp.content_length().is_some_and(|n| n != l.size) {
+        return Err(RegistryError::Invalid(format!(
+            "layer {}: the registry sends {} bytes, the manifest says {}",
+            l.digest,
+            resp.content_length().unwrap_or(0),
+            l.size
+        ))
+        .into());
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(8);
+    let unpacker = {
+        let store = store.clone();
+        let diff_id = diff_id.to_string();
+        tokio::task::spawn_blocking(move || {
+            let reader = ChannelReader {
+                rx,
+                cur: Bytes::new(),
+                done: false,
+            };
+            store.unpack_layer(&diff_id, Box::new(reader))
+        })
+    };
+    // With blobs kept, the compressed bytes are written on the way (renamed into the store
+    // only once verified).
+    let blob_tmp = if store.cfg.keep_layer_blobs {
+        let p = store
+            .dir
+            .join("tmp")
+            .join(format!("blob-{}", &crate::validate::new_id()[..16]));
+        Some((
+            crate::state::files::create_file(&p, crate::state::files::FILE_MODE)
+                .map_err(|e| PullError::Local(Error::Host(e)))?,
+            p,
+        ))
+    } else {
+        None
+    };
+    let mut blob_tmp = blob_tmp;
+    let mut hasher = sha2::Sha256::new();
+    let mut got = 0u64;
+    let streamed: std::result::Result<(), String> = async {
+        loop {
+            let c = match resp.chunk().await {
+                Ok(Some(c)) => c,
+                Ok(None) => break,
+                Err(e) => return Err(format!("layer {}: {e}", l.digest)),
+            };
+            got += c.len() as u64;
+            if got > l.size {
+                return Err(format!(
+                    "layer {}: the registry sent more than the {} bytes the manifest says",
+                    l.digest, l.size
+                ));
+            }
+            hasher.update(&c);
+            if let Some((f, p)) = blob_tmp.as_mut() {
+                std::io::Write::write_all(f, &c)
+                    .map_err(|e| format!("write {}: {e}", p.display()))?;
+            }
+            if tx.send(Chunk::Data(c)).await.is_err() {
+                return Err("the unpacker stopped".into());
+            }
+        }
+        if got != l.size {
+            return Err(format!(
+                "layer {}: the registry sent {got} of the {} bytes the manifest says",
+                l.digest, l.size
+            ));
+        }
+        let digest = format!("sha256:{}", super::unpack::hex(&hasher.clone().finalize()));
+        if digest != l.digest {
+            return Err(format!(
+                "layer {}: the registry sent content {digest}",
+                l.digest
+            ));
+        }
+        Ok(())
     }
     .await;
-    let _ = std::fs::remove_dir_all(&tmp);
-    result
+    let _ = tx
+        .send(match &streamed {
+            Ok(()) => Chunk::Done,
+            Err(m) => Chunk::Fail(m.clone()),
+        })
+        .await;
+    drop(tx);
+    let unpacked = unpacker.await.map_err(|e| {
+        PullError::Local(Error::step(
+            "unpack layer",
+            diff_id,
+            HostError::Other(e.to_string()),
+        ))
+    })?;
+    let remove_tmp = |t: &Option<(std::fs::File, PathBuf)>| {
+        if let Some((_, p)) = t {
+            let _ = std::fs::remove_file(p);
+        }
+    };
+    if let Err(m) = streamed {
+        remove_tmp(&blob_tmp);
+        return Err(RegistryError::Invalid(m).into());
+    }
+    let applied = match unpacked {
+        Ok(a) => a,
+        Err(e) => {
+            remove_tmp(&blob_tmp);
+            return Err(PullError::Local(e));
+        }
+    };
+    let secs = started.elapsed().as_secs_f64();
+    tracing::debug!(layer = %l.digest, diff_id, bytes = l.size, entries = applied.entries, unpacked_bytes = applied.bytes, seconds = secs, "layer pulled");
+    match blob_tmp {
+        Some((f, p)) => {
+            drop(f);
+            let dest = store.blob_path(&l.digest)?;
+            std::fs::rename(&p, &dest)
+                .map_err(|e| PullError::Local(Error::Host(HostError::io("rename", &dest, e))))?;
+            Ok(Some(l.digest.clone()))
+        }
+        None => Ok(None),
+    }
 }
 
 #[cfg(test)]
@@ -237,7 +578,7 @@ mod tests {
             vec![
                 ("127.0.0.1:5001".to_string(), true),
                 ("mirror.example".to_string(), false),
-                ("docker.io".to_string(), false)
+                ("registry-1.docker.io".to_string(), false)
             ]
         );
         let r = Reference::parse("127.0.0.1:5000/x:1").unwrap();
@@ -249,5 +590,27 @@ mod tests {
             ]
         );
         assert!(is_loopback("localhost:5000") && !is_loopback("example.com:5000"));
+    }
+
+    #[test]
+    fn credentials_only_for_their_registry() {
+        let a = Auth {
+            username: "u".into(),
+            password: "p".into(),
+            ..Default::default()
+        };
+        assert!(a
+            .for_endpoint("registry-1.docker.io", "docker.io")
+            .is_some());
+        assert!(a.for_endpoint("mirror.example", "docker.io").is_none());
+        let a = Auth {
+            server_address: "https://mirror.example/".into(),
+            ..a
+        };
+        assert!(a.for_endpoint("mirror.example", "docker.io").is_some());
+        assert!(a
+            .for_endpoint("registry-1.docker.io", "docker.io")
+            .is_none());
+        assert_ne!(a.share_key(), Auth::default().share_key());
     }
 }

@@ -76,6 +76,11 @@ impl Reference {
         {
             return Err(bad("invalid repository name"));
         }
+        // Docker's limit on the whole name; it also keeps the normalized form (which adds the
+        // default domain and `library/`) parseable again.
+        if domain.len() + 1 + path.len() > 255 {
+            return Err(bad("the name is longer than 255 characters"));
+        }
         if let Some(t) = &tag {
             if t.is_empty()
                 || t.len() > 128
@@ -139,5 +144,11 @@ mod tests {
         for bad in ["", "a b", "UPPER", "x/../y", "busybox@md5:00", "a:b:c/d"] {
             assert!(Reference::parse(bad).is_err(), "{bad:?}");
         }
+        // Found by the fuzzer: a long name whose normalized form no longer parsed.
+        let long = format!("ri/{}", "a/".repeat(250));
+        assert!(Reference::parse(long.trim_end_matches('/')).is_err());
+        let ok = format!("x/{}", "b".repeat(240));
+        let r = Reference::parse(&ok).unwrap();
+        assert_eq!(Reference::parse(&r.full()).unwrap(), r);
     }
 }

@@ -1,15 +1,22 @@
-//! The image store under `<root>/images`: content-addressed blobs (sha256 verified on write; a
-//! mismatching blob is rejected and not stored), unpacked layers (one overlay lowerdir per
-//! diff id), and `images.json` (image id → tags, repo digests, layers, exec config). The
-//! index is re-read on every call and updated under a file lock, so a local
-//! `sandboxctl images import` and the daemon share it safely.
+//! The image store under `<root>/images`: content-addressed blobs (sha256 verified before they
+//! are kept), unpacked layers (one overlay lowerdir per diff id, shared by every image and
+//! pull that has it), and `images.json` (image id → tags, repo digests, layers, the blobs it
+//! holds, exec config). The index is re-read on every call and updated under a file lock, so
+//! a local `sandboxctl images import` and the daemon share it safely.
+//!
+//! Nothing is half-made: a layer is unpacked into a private temp dir and renamed into place
+//! only once its diff id verified (a layer someone else committed meanwhile is simply reused);
+//! a blob is renamed into place only once its digest verified. Removing an image collects the
+//! blobs and layers nothing references any more (no other image, no container, no pull in
+//! flight).
 #![allow(unsafe_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -18,6 +25,9 @@ use sha2::Digest;
 use super::reference::Reference;
 use super::unpack::{self, hex};
 use crate::error::{Error, HostError, Result};
+
+/// Largest manifest, index or image config accepted (from a registry or an archive).
+pub const MAX_DOCUMENT: u64 = 4 << 20;
 
 /// The parts of an image config a container needs.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,11 +49,14 @@ pub struct ImageRecord {
     pub id: String,
     pub repo_tags: Vec<String>,
     pub repo_digests: Vec<String>,
-    /// Sum of the config and layer blob sizes.
+    /// Sum of the config and (compressed) layer sizes.
     pub size: u64,
     /// Diff ids, bottom layer first.
     pub layers: Vec<String>,
     pub config: ExecConfig,
+    /// Digests of the blobs this image holds in the store (its config, its manifest, its
+    /// compressed layers when those are kept).
+    pub blobs: Vec<String>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -52,52 +65,86 @@ struct Index {
     images: BTreeMap<String, ImageRecord>,
 }
 
-/// The store; cheap to construct, holds no state besides its path.
+/// Store settings (`[images]` in the config file).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StoreConfig {
+    /// Most bytes of one uncompressed layer.
+    pub max_layer_bytes: u64,
+    /// Most entries (files, dirs, links) in one layer.
+    pub max_layer_entries: u64,
+    /// Pulls and imports stop once the store's filesystem has less than this many bytes free.
+    pub min_free_bytes: u64,
+    /// Keep each layer's compressed blob while its image exists (only the unpacked layer is
+    /// needed to run containers; the blob costs the image's compressed size again).
+    pub keep_layer_blobs: bool,
+    /// Layers downloaded at once per pull.
+    pub max_concurrent_downloads: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        let l = unpack::Limits::default();
+        StoreConfig {
+            max_layer_bytes: l.max_bytes,
+            max_layer_entries: l.max_entries,
+            min_free_bytes: l.min_free_bytes,
+            keep_layer_blobs: false,
+            max_concurrent_downloads: 3,
+        }
+    }
+}
+
+/// The store; cheap to clone (clones share the pins of work in flight).
 #[derive(Debug, Clone)]
 pub struct ImageStore {
     pub dir: PathBuf,
+    pub cfg: StoreConfig,
+    /// Layers and blobs that work in flight (a pull, an import, a container being created)
+    /// relies on before any record names them: collection leaves them alone.
+    pins: Arc<Mutex<HashMap<String, usize>>>,
 }
 
-/// Copies `r` to `w` while hashing it; an error unless the content is `digest`.
-fn copy_verified(
-    r: &mut dyn Read,
-    w: &mut dyn std::io::Write,
-    digest: &str,
-    dest: &Path,
-) -> Result<u64> {
-    let mut hasher = sha2::Sha256::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut size = 0u64;
-    loop {
-        let n = r
-            .read(&mut buf)
-            .map_err(|e| herr(HostError::io("read blob for", dest, e)))?;
-        if n == 0 {
-            break;
+/// Keeps digests pinned until dropped.
+pub struct Pins {
+    store: Arc<Mutex<HashMap<String, usize>>>,
+    held: Vec<String>,
+}
+
+impl Pins {
+    /// Pins one more digest.
+    pub fn add(&mut self, digest: &str) {
+        *crate::lock(&self.store)
+            .entry(digest.to_string())
+            .or_default() += 1;
+        self.held.push(digest.to_string());
+    }
+}
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        let mut m = crate::lock(&self.store);
+        for d in &self.held {
+            if let Some(n) = m.get_mut(d) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(d);
+                }
+            }
         }
-        hasher.update(&buf[..n]);
-        w.write_all(&buf[..n])
-            .map_err(|e| herr(HostError::io("write blob for", dest, e)))?;
-        size += n as u64;
     }
-    let got = format!("sha256:{}", hex(&hasher.finalize()));
-    if got != digest {
-        return Err(bad(&format!(
-            "blob content is {got}, not the expected {digest}; rejected"
-        )));
-    }
-    Ok(size)
 }
 
-fn herr(e: HostError) -> Error {
+pub(crate) fn herr(e: HostError) -> Error {
     Error::Host(e)
 }
 
-fn bad(what: &str) -> Error {
+pub(crate) fn bad(what: &str) -> Error {
     Error::InvalidArgument(format!("image: {what}"))
 }
 
-fn digest_hex(d: &str) -> Result<&str> {
+/// The hex part of a `sha256:` digest, checked.
+pub fn digest_hex(d: &str) -> Result<&str> {
     let h = d
         .strip_prefix("sha256:")
         .ok_or_else(|| bad(&format!("unsupported digest {d:?}")))?;
@@ -111,13 +158,101 @@ fn digest_hex(d: &str) -> Result<&str> {
     }
 }
 
+/// `sha256:<hex>` of `data`.
+pub fn sha256_of(data: &[u8]) -> String {
+    format!("sha256:{}", hex(&sha2::Sha256::digest(data)))
+}
+
+/// The parts of a config that register needs.
+pub(crate) struct ParsedConfig {
+    pub diff_ids: Vec<String>,
+    pub exec: ExecConfig,
+}
+
+/// Parses an image config: its diff ids and what a container needs.
+pub(crate) fn parse_config(config_bytes: &[u8]) -> Result<ParsedConfig> {
+    let config: Value =
+        serde_json::from_slice(config_bytes).map_err(|e| bad(&format!("config: {e}")))?;
+    let diff_ids: Vec<String> = config["rootfs"]["diff_ids"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|d| d.as_str().map(str::to_string))
+        .collect();
+    for d in &diff_ids {
+        digest_hex(d)?;
+    }
+    let c = &config["config"];
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    Ok(ParsedConfig {
+        diff_ids,
+        exec: ExecConfig {
+            entrypoint: strings(&c["Entrypoint"]),
+            cmd: strings(&c["Cmd"]),
+            env: strings(&c["Env"]),
+            working_dir: c["WorkingDir"].as_str().unwrap_or("").to_string(),
+            user: c["User"].as_str().unwrap_or("").to_string(),
+            stop_signal: c["StopSignal"].as_str().unwrap_or("").to_string(),
+        },
+    })
+}
+
+/// What a new image is made of, for [`ImageStore::register`].
+pub(crate) struct NewImage<'a> {
+    pub config_digest: &'a str,
+    pub parsed: ParsedConfig,
+    pub size: u64,
+    pub blobs: Vec<String>,
+    pub tag: Option<&'a str>,
+    pub manifest_digest: Option<&'a str>,
+}
+
 impl ImageStore {
     pub fn new(dir: PathBuf) -> Result<Self> {
-        for d in ["blobs/sha256", "layers", "tmp"] {
+        Self::with_config(dir, StoreConfig::default())
+    }
+
+    pub fn with_config(dir: PathBuf, cfg: StoreConfig) -> Result<Self> {
+        for d in ["", "blobs", "blobs/sha256", "layers", "tmp"] {
             let p = dir.join(d);
-            std::fs::create_dir_all(&p).map_err(|e| herr(HostError::io("create", &p, e)))?;
+            crate::state::files::private_dir_all(&p).map_err(herr)?;
+            crate::state::files::restrict_dir(&p).map_err(herr)?;
         }
-        Ok(ImageStore { dir })
+        Ok(ImageStore {
+            dir,
+            cfg,
+            pins: Arc::default(),
+        })
+    }
+
+    /// Limits for unpacking one layer.
+    pub fn limits(&self) -> unpack::Limits {
+        unpack::Limits {
+            max_bytes: self.cfg.max_layer_bytes,
+            max_entries: self.cfg.max_layer_entries,
+            min_free_bytes: self.cfg.min_free_bytes,
+        }
+    }
+
+    /// Pins `digests` (layers or blobs) against collection until the guard is dropped.
+    pub fn pin<'a>(&self, digests: impl IntoIterator<Item = &'a str>) -> Pins {
+        let mut p = Pins {
+            store: self.pins.clone(),
+            held: Vec::new(),
+        };
+        for d in digests {
+            p.add(d);
+        }
+        p
     }
 
     /// Where a blob is (or would be) stored.
@@ -130,19 +265,60 @@ impl ImageStore {
         Ok(self.dir.join("layers").join(digest_hex(diff_id)?))
     }
 
-    /// Stores a blob read from `r`, verifying it against `digest`; returns its size.
-    pub fn put_blob(&self, digest: &str, r: &mut dyn Read) -> Result<u64> {
+    /// Is the layer unpacked already (by any image, any earlier pull)?
+    pub fn has_layer(&self, diff_id: &str) -> bool {
+        self.layer_dir(diff_id).is_ok_and(|d| d.is_dir())
+    }
+
+    /// A fresh private dir under `tmp/` (`what-<random>`).
+    pub fn temp_dir(&self, what: &str) -> Result<PathBuf> {
+        let tmp = self
+            .dir
+            .join("tmp")
+            .join(format!("{what}-{}", &crate::validate::new_id()[..16]));
+        crate::state::files::private_dir(&tmp).map_err(herr)?;
+        Ok(tmp)
+    }
+
+    /// Stores a blob read from `r` (at most `max` bytes), verifying it against `digest`;
+    /// returns its size. A blob already stored is not written again.
+    pub fn put_blob(&self, digest: &str, r: &mut dyn Read, max: u64) -> Result<u64> {
         let dest = self.blob_path(digest)?;
-        if dest.exists() {
-            return Ok(std::fs::metadata(&dest).map(|m| m.len()).unwrap_or(0));
+        if let Ok(m) = std::fs::metadata(&dest) {
+            return Ok(m.len());
         }
         let tmp = self
             .dir
             .join("tmp")
-            .join(format!("blob-{}", crate::validate::new_id()));
+            .join(format!("blob-{}", &crate::validate::new_id()[..16]));
         let result = (|| {
-            let mut f = File::create(&tmp).map_err(|e| herr(HostError::io("create", &tmp, e)))?;
-            let size = copy_verified(r, &mut f, digest, &dest)?;
+            let mut f = crate::state::files::create_file(&tmp, crate::state::files::FILE_MODE)
+                .map_err(herr)?;
+            let mut hasher = sha2::Sha256::new();
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut size = 0u64;
+            let mut r = r.take(max + 1);
+            loop {
+                let n = r
+                    .read(&mut buf)
+                    .map_err(|e| herr(HostError::io("read blob for", &dest, e)))?;
+                if n == 0 {
+                    break;
+                }
+                size += n as u64;
+                if size > max {
+                    return Err(bad(&format!("blob {digest} is larger than {max} bytes")));
+                }
+                hasher.update(&buf[..n]);
+                std::io::Write::write_all(&mut f, &buf[..n])
+                    .map_err(|e| herr(HostError::io("write blob for", &dest, e)))?;
+            }
+            let got = format!("sha256:{}", hex(&hasher.finalize()));
+            if got != digest {
+                return Err(bad(&format!(
+                    "blob content is {got}, not the expected {digest}; rejected"
+                )));
+            }
             f.sync_all()
                 .map_err(|e| herr(HostError::io("fsync", &tmp, e)))?;
             std::fs::rename(&tmp, &dest).map_err(|e| herr(HostError::io("rename", &dest, e)))?;
@@ -152,29 +328,43 @@ impl ImageStore {
         result
     }
 
-    /// Moves a downloaded blob file (under this store's dir) into the store once it matches
-    /// `digest`, without a second copy; returns its size. The file is gone afterwards.
-    pub fn adopt_blob(&self, digest: &str, file: &Path) -> Result<u64> {
-        let dest = self.blob_path(digest)?;
+    /// Reads a stored blob of at most `max` bytes.
+    pub fn read_blob(&self, digest: &str, max: u64) -> Result<Vec<u8>> {
+        let p = self.blob_path(digest)?;
+        crate::untrusted_fs::read_file(&p, max).map_err(|e| bad(&e.to_string()))
+    }
+
+    /// Unpacks the layer `raw` (plain, gzip or zstd tar) as `diff_id`: into a private temp
+    /// dir within the store's limits, checked against the diff id, then renamed into place. A
+    /// layer already there (unpacked meanwhile by another pull or import) is kept and this
+    /// copy dropped. Returns what was unpacked.
+    pub fn unpack_layer(&self, diff_id: &str, raw: Box<dyn Read + '_>) -> Result<unpack::Applied> {
+        let dest = self.layer_dir(diff_id)?;
+        let tmp = self.temp_dir("layer")?;
         let result = (|| {
-            let mut f = File::open(file).map_err(|e| herr(HostError::io("open", file, e)))?;
-            let size = copy_verified(&mut f, &mut std::io::sink(), digest, &dest)?;
-            f.sync_all()
-                .map_err(|e| herr(HostError::io("fsync", file, e)))?;
-            std::fs::rename(file, &dest).map_err(|e| herr(HostError::io("rename", &dest, e)))?;
-            Ok(size)
+            let (applied, got) = unpack::apply_layer(raw, &tmp, &self.limits())
+                .map_err(|e| Error::step("unpack layer", diff_id, e))?;
+            if got != diff_id {
+                return Err(bad(&format!(
+                    "layer content is {got}, the config says {diff_id}"
+                )));
+            }
+            match std::fs::rename(&tmp, &dest) {
+                Ok(()) => Ok(applied),
+                // Someone else committed the same (verified) layer first: theirs is as good.
+                Err(_) if dest.is_dir() => Ok(applied),
+                Err(e) => Err(herr(HostError::io("rename", &dest, e))),
+            }
         })();
-        let _ = std::fs::remove_file(file);
+        if tmp.exists() {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
         result
     }
 
     /// Runs `f` on the index under an exclusive lock and saves it.
     fn with_index<T>(&self, f: impl FnOnce(&mut Index) -> Result<T>) -> Result<T> {
-        let lock_path = self.dir.join("images.lock");
-        let lock =
-            File::create(&lock_path).map_err(|e| herr(HostError::io("create", &lock_path, e)))?;
-        // SAFETY: flock on an fd we own; released when `lock` is dropped.
-        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+        let _lock = self.lock_index()?;
         let path = self.dir.join("images.json");
         let mut index: Index = crate::state::read_json(&path)
             .map_err(herr)?
@@ -182,6 +372,23 @@ impl ImageStore {
         let r = f(&mut index)?;
         crate::state::write_json_atomic(&path, &index).map_err(herr)?;
         Ok(r)
+    }
+
+    /// The index lock (held until the file is dropped).
+    fn lock_index(&self) -> Result<File> {
+        let lock_path = self.dir.join("images.lock");
+        let lock = crate::state::files::create_file(&lock_path, crate::state::files::FILE_MODE)
+            .map_err(herr)?;
+        loop {
+            // SAFETY: flock on an fd we own; released when `lock` is dropped.
+            if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(lock);
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(herr(HostError::io("lock", &lock_path, e)));
+            }
+        }
     }
 
     fn index(&self) -> Index {
@@ -214,34 +421,81 @@ impl ImageStore {
             .find(|i| i.repo_tags.contains(&full) || i.repo_digests.contains(&full))
     }
 
-    /// Removes an image (by any name [`get`] accepts) and the blobs and layers no other image
-    /// uses. `in_use` says whether a container still uses an image id.
-    pub fn remove(&self, name: &str, in_use: impl Fn(&str) -> bool) -> Result<bool> {
+    /// Removes an image (by any name [`get`](Self::get) accepts) with all its tags, then
+    /// collects what nothing references any more; `in_use` are layers containers use.
+    /// An unknown image is `Ok(false)`.
+    pub fn remove(&self, name: &str, in_use: &HashSet<String>) -> Result<bool> {
         let Some(img) = self.get(name) else {
             return Ok(false);
         };
-        if in_use(&img.id) {
-            return Err(Error::InvalidArgument(format!(
-                "image {name} ({}) is used by a container; remove the container first",
-                img.id
-            )));
-        }
-        let (keep_layers, keep_blobs) = self.with_index(|ix| {
+        self.with_index(|ix| {
             ix.images.remove(&img.id);
-            let layers: Vec<String> = ix.images.values().flat_map(|i| i.layers.clone()).collect();
-            let blobs: Vec<String> = ix.images.keys().cloned().collect();
-            Ok((layers, blobs))
+            Ok(())
         })?;
-        for l in &img.layers {
-            if !keep_layers.contains(l) {
-                let d = self.layer_dir(l)?;
-                let _ = std::fs::remove_dir_all(d);
+        self.collect(in_use)?;
+        Ok(true)
+    }
+
+    /// Deletes the layers and blobs that no image, no container (`in_use`) and no work in
+    /// flight references.
+    pub fn collect(&self, in_use: &HashSet<String>) -> Result<(u64, u64)> {
+        let _lock = self.lock_index()?;
+        let index = self.index();
+        let pins = crate::lock(&self.pins).clone();
+        let keep_layers: HashSet<&str> = index
+            .images
+            .values()
+            .flat_map(|i| i.layers.iter().map(String::as_str))
+            .chain(in_use.iter().map(String::as_str))
+            .chain(pins.keys().map(String::as_str))
+            .filter_map(|d| d.strip_prefix("sha256:"))
+            .collect();
+        let keep_blobs: HashSet<&str> = index
+            .images
+            .values()
+            .flat_map(|i| i.blobs.iter().chain(std::iter::once(&i.id)))
+            .map(String::as_str)
+            .chain(pins.keys().map(String::as_str))
+            .filter_map(|d| d.strip_prefix("sha256:"))
+            .collect();
+        let (mut layers, mut blobs) = (0, 0);
+        for name in crate::state::list_dir(&self.dir.join("layers")) {
+            if !keep_layers.contains(name.as_str()) {
+                let d = self.dir.join("layers").join(&name);
+                match std::fs::remove_dir_all(&d) {
+                    Ok(()) => layers += 1,
+                    Err(e) => {
+                        tracing::warn!(layer = %name, error = %e, "cannot remove unused layer")
+                    }
+                }
             }
         }
-        if !keep_blobs.contains(&img.id) {
-            let _ = std::fs::remove_file(self.blob_path(&img.id)?);
+        for name in crate::state::list_dir(&self.dir.join("blobs/sha256")) {
+            if !keep_blobs.contains(name.as_str()) {
+                let p = self.dir.join("blobs/sha256").join(&name);
+                if std::fs::remove_file(&p).is_ok() {
+                    blobs += 1;
+                }
+            }
         }
-        Ok(true)
+        if layers + blobs > 0 {
+            tracing::info!(layers, blobs, "collected unused image content");
+        }
+        Ok((layers, blobs))
+    }
+
+    /// Removes what interrupted pulls and imports left in `tmp/` (older than `age`).
+    pub fn clean_tmp(&self, age: std::time::Duration) {
+        let tmp = self.dir.join("tmp");
+        for name in crate::state::list_dir(&tmp) {
+            let p = tmp.join(&name);
+            let old = std::fs::symlink_metadata(&p)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().unwrap_or_default() >= age);
+            if old {
+                let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
+            }
+        }
     }
 
     /// Bytes and inodes used by the store.
@@ -249,234 +503,15 @@ impl ImageStore {
         crate::state::disk_usage(&self.dir)
     }
 
-    /// Imports an OCI image layout dir, an `oci-archive` tar or a `docker-archive` tar.
-    /// `name` tags the image when the archive names none. Returns the imported images.
-    pub fn import(&self, path: &Path, name: Option<&str>) -> Result<Vec<ImageRecord>> {
-        let meta = std::fs::metadata(path).map_err(|e| herr(HostError::io("open", path, e)))?;
-        if meta.is_dir() {
-            return self.import_oci_layout(path, name);
-        }
-        let tmp = self
-            .dir
-            .join("tmp")
-            .join(format!("import-{}", crate::validate::new_id()));
-        std::fs::create_dir_all(&tmp).map_err(|e| herr(HostError::io("create", &tmp, e)))?;
-        let result = (|| {
-            let f = File::open(path).map_err(|e| herr(HostError::io("open", path, e)))?;
-            unpack::apply(Box::new(f), &tmp).map_err(herr)?;
-            if tmp.join("oci-layout").exists() {
-                self.import_oci_layout(&tmp, name)
-            } else if tmp.join("manifest.json").exists() {
-                self.import_docker_archive(&tmp, name)
-            } else {
-                Err(bad(&format!(
-                    "{} is neither an OCI archive nor a docker archive",
-                    path.display()
-                )))
-            }
-        })();
-        let _ = std::fs::remove_dir_all(&tmp);
-        result
-    }
-
-    fn import_oci_layout(&self, dir: &Path, name: Option<&str>) -> Result<Vec<ImageRecord>> {
-        let read = |p: &Path| std::fs::read(p).map_err(|e| herr(HostError::io("read", p, e)));
-        let index: Value = serde_json::from_slice(&read(&dir.join("index.json"))?)
-            .map_err(|e| bad(&format!("index.json: {e}")))?;
-        let layout_blob = |digest: &str| -> Result<PathBuf> {
-            Ok(dir.join("blobs/sha256").join(digest_hex(digest)?))
-        };
-        let mut out = Vec::new();
-        for desc in index["manifests"].as_array().cloned().unwrap_or_default() {
-            let mut desc = desc;
-            // A nested index (multi-platform): pick linux/amd64.
-            if desc["mediaType"]
-                .as_str()
-                .is_some_and(|m| m.contains("index") || m.contains("manifest.list"))
-            {
-                let d = desc["digest"].as_str().unwrap_or("");
-                let nested: Value = serde_json::from_slice(&read(&layout_blob(d)?)?)
-                    .map_err(|e| bad(&format!("{d}: {e}")))?;
-                let pick = nested["manifests"].as_array().and_then(|ms| {
-                    ms.iter()
-                        .find(|m| {
-                            m["platform"]["os"] == "linux"
-                                && m["platform"]["architecture"] == "amd64"
-                        })
-                        .cloned()
-                });
-                let Some(mut p) = pick else { continue };
-                p["annotations"] = desc["annotations"].clone();
-                desc = p;
-            }
-            let mdigest = desc["digest"].as_str().unwrap_or("").to_string();
-            let manifest_bytes = read(&layout_blob(&mdigest)?)?;
-            self.put_blob(&mdigest, &mut &manifest_bytes[..])?;
-            let manifest: Value = serde_json::from_slice(&manifest_bytes)
-                .map_err(|e| bad(&format!("manifest: {e}")))?;
-            let cdigest = manifest["config"]["digest"]
-                .as_str()
-                .unwrap_or("")
-                .to_string();
-            let config_bytes = read(&layout_blob(&cdigest)?)?;
-            let mut size = self.put_blob(&cdigest, &mut &config_bytes[..])?;
-            let mut layer_blobs = Vec::new();
-            for l in manifest["layers"].as_array().cloned().unwrap_or_default() {
-                let d = l["digest"].as_str().unwrap_or("").to_string();
-                let mut f = File::open(layout_blob(&d)?)
-                    .map_err(|e| herr(HostError::io("open", dir, e)))?;
-                size += self.put_blob(&d, &mut f)?;
-                layer_blobs.push(self.blob_path(&d)?);
-            }
-            let ann = &desc["annotations"];
-            let tag = ann["io.containerd.image.name"]
-                .as_str()
-                .or(ann["org.opencontainers.image.ref.name"]
-                    .as_str()
-                    .filter(|r| r.contains('/') || r.contains(':')))
-                .map(str::to_string)
-                .or(name.map(str::to_string));
-            let rec = self.register(
-                &config_bytes,
-                &cdigest,
-                &layer_blobs,
-                size,
-                tag.as_deref(),
-                Some(&mdigest),
-            )?;
-            out.push(rec);
-        }
-        if out.is_empty() {
-            return Err(bad("the layout holds no linux/amd64 image"));
-        }
-        Ok(out)
-    }
-
-    fn import_docker_archive(&self, dir: &Path, name: Option<&str>) -> Result<Vec<ImageRecord>> {
-        let read = |p: &Path| std::fs::read(p).map_err(|e| herr(HostError::io("read", p, e)));
-        let manifest: Value = serde_json::from_slice(&read(&dir.join("manifest.json"))?)
-            .map_err(|e| bad(&format!("manifest.json: {e}")))?;
-        let inside = |rel: &str| -> Result<PathBuf> {
-            let p = Path::new(rel);
-            if p.is_absolute()
-                || p.components()
-                    .any(|c| matches!(c, std::path::Component::ParentDir))
-            {
-                return Err(bad(&format!("archive path {rel:?} escapes the archive")));
-            }
-            Ok(dir.join(p))
-        };
-        let mut out = Vec::new();
-        for entry in manifest.as_array().cloned().unwrap_or_default() {
-            let config_bytes = read(&inside(entry["Config"].as_str().unwrap_or(""))?)?;
-            let cdigest = format!("sha256:{}", hex(&sha2::Sha256::digest(&config_bytes)));
-            let mut size = self.put_blob(&cdigest, &mut &config_bytes[..])?;
-            let mut layer_blobs = Vec::new();
-            for l in entry["Layers"].as_array().cloned().unwrap_or_default() {
-                let p = inside(l.as_str().unwrap_or(""))?;
-                let mut f = File::open(&p).map_err(|e| herr(HostError::io("open", &p, e)))?;
-                let mut h = sha2::Sha256::new();
-                std::io::copy(&mut f, &mut h).map_err(|e| herr(HostError::io("read", &p, e)))?;
-                let d = format!("sha256:{}", hex(&h.finalize()));
-                let mut f = File::open(&p).map_err(|e| herr(HostError::io("open", &p, e)))?;
-                size += self.put_blob(&d, &mut f)?;
-                layer_blobs.push(self.blob_path(&d)?);
-            }
-            let tags: Vec<String> = entry["RepoTags"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .iter()
-                .filter_map(|t| t.as_str().map(str::to_string))
-                .collect();
-            let mut rec = None;
-            for t in tags
-                .iter()
-                .map(|s| Some(s.as_str()))
-                .chain(tags.is_empty().then_some(name))
-            {
-                rec = Some(self.register(&config_bytes, &cdigest, &layer_blobs, size, t, None)?);
-            }
-            out.extend(rec);
-        }
-        Ok(out)
-    }
-
-    /// Unpacks the layers (checking each against the config's diff ids) and records the image.
-    pub(crate) fn register(
-        &self,
-        config_bytes: &[u8],
-        config_digest: &str,
-        layer_blobs: &[PathBuf],
-        size: u64,
-        tag: Option<&str>,
-        manifest_digest: Option<&str>,
-    ) -> Result<ImageRecord> {
-        let config: Value =
-            serde_json::from_slice(config_bytes).map_err(|e| bad(&format!("config: {e}")))?;
-        let diff_ids: Vec<String> = config["rootfs"]["diff_ids"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|d| d.as_str().map(str::to_string))
-            .collect();
-        if diff_ids.len() != layer_blobs.len() {
-            return Err(bad(&format!(
-                "config lists {} layers, the manifest {}",
-                diff_ids.len(),
-                layer_blobs.len()
-            )));
-        }
-        for (diff_id, blob) in diff_ids.iter().zip(layer_blobs) {
-            let dest = self.layer_dir(diff_id)?;
-            if dest.exists() {
-                continue;
-            }
-            let tmp = self
-                .dir
-                .join("tmp")
-                .join(format!("layer-{}", crate::validate::new_id()));
-            std::fs::create_dir_all(&tmp).map_err(|e| herr(HostError::io("create", &tmp, e)))?;
-            let f = File::open(blob).map_err(|e| herr(HostError::io("open", blob, e)))?;
-            let applied = unpack::apply_layer(Box::new(f), &tmp);
-            match applied {
-                Ok((_, got)) if &got == diff_id => {
-                    std::fs::rename(&tmp, &dest)
-                        .map_err(|e| herr(HostError::io("rename", &dest, e)))?;
-                }
-                Ok((_, got)) => {
-                    let _ = std::fs::remove_dir_all(&tmp);
-                    return Err(bad(&format!(
-                        "layer content is {got}, the config says {diff_id}"
-                    )));
-                }
-                Err(e) => {
-                    let _ = std::fs::remove_dir_all(&tmp);
-                    return Err(herr(e));
-                }
+    /// Records an image whose layers are all unpacked already.
+    pub(crate) fn register(&self, n: NewImage) -> Result<ImageRecord> {
+        for l in &n.parsed.diff_ids {
+            if !self.has_layer(l) {
+                return Err(bad(&format!("layer {l} is not unpacked")));
             }
         }
-        let c = &config["config"];
-        let strings = |v: &Value| -> Vec<String> {
-            v.as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|s| s.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let exec = ExecConfig {
-            entrypoint: strings(&c["Entrypoint"]),
-            cmd: strings(&c["Cmd"]),
-            env: strings(&c["Env"]),
-            working_dir: c["WorkingDir"].as_str().unwrap_or("").to_string(),
-            user: c["User"].as_str().unwrap_or("").to_string(),
-            stop_signal: c["StopSignal"].as_str().unwrap_or("").to_string(),
-        };
-        let tag = tag.map(Reference::parse).transpose()?;
-        let id = config_digest.to_string();
+        let tag = n.tag.map(Reference::parse).transpose()?;
+        let id = n.config_digest.to_string();
         self.with_index(|ix| {
             if let Some(t) = &tag {
                 // A tag names one image: move it.
@@ -488,14 +523,19 @@ impl ImageStore {
                 id: id.clone(),
                 ..Default::default()
             });
-            rec.size = size;
-            rec.layers = diff_ids.clone();
-            rec.config = exec.clone();
+            rec.size = n.size;
+            rec.layers = n.parsed.diff_ids.clone();
+            rec.config = n.parsed.exec.clone();
+            for b in &n.blobs {
+                if !rec.blobs.contains(b) {
+                    rec.blobs.push(b.clone());
+                }
+            }
             if let Some(t) = &tag {
                 if t.tag.is_some() && !rec.repo_tags.contains(&t.full()) {
                     rec.repo_tags.push(t.full());
                 }
-                if let Some(m) = manifest_digest {
+                if let Some(m) = n.manifest_digest {
                     let d = format!("{}@{m}", t.repository());
                     if !rec.repo_digests.contains(&d) {
                         rec.repo_digests.push(d);

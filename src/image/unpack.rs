@@ -20,6 +20,37 @@ pub struct Applied {
     pub entries: usize,
     pub whiteouts: usize,
     pub skipped_devices: usize,
+    /// Bytes of file content written.
+    pub bytes: u64,
+}
+
+/// Bounds on what one layer may cost: a hostile image is a decompression bomb, a million tiny
+/// files, or a disk filler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most bytes of uncompressed layer (the tar stream, headers included).
+    pub max_bytes: u64,
+    /// Most entries in the layer.
+    pub max_entries: u64,
+    /// Unpacking stops once the store's filesystem has less than this free.
+    pub min_free_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_bytes: 20 << 30,
+            max_entries: 1_000_000,
+            min_free_bytes: 256 << 20,
+        }
+    }
+}
+
+/// Free bytes (for unprivileged users too: root's reserve is not ours to fill) where `p` is.
+pub fn free_bytes(p: &Path) -> Option<u64> {
+    nix::sys::statvfs::statvfs(p)
+        .ok()
+        .map(|s| s.blocks_available().saturating_mul(s.fragment_size()))
 }
 
 /// Wraps `raw` in the right decompressor, by magic number.
@@ -146,30 +177,48 @@ fn opaque(dir: &Path) -> Result<(), HostError> {
     Ok(())
 }
 
-/// A reader that hashes what passes through it (to check a layer's diff id).
+/// A reader that hashes what passes through it (to check a layer's diff id), refusing to
+/// deliver more than `max` bytes.
 struct Hashing<R> {
     inner: R,
     hash: sha2::Sha256,
+    read: u64,
+    max: u64,
 }
 
 impl<R: Read> Read for Hashing<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         use sha2::Digest;
         let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        if self.read > self.max {
+            return Err(std::io::Error::other(format!(
+                "the uncompressed layer is larger than the limit of {} bytes",
+                self.max
+            )));
+        }
         self.hash.update(&buf[..n]);
         Ok(n)
     }
 }
 
-/// Applies the (possibly compressed) layer tar `raw` into the empty directory `root` and
-/// returns what it did with the uncompressed tar's digest (`sha256:<hex>`, the diff id).
-pub fn apply_layer(raw: Box<dyn Read + '_>, root: &Path) -> Result<(Applied, String), HostError> {
+/// Applies the (possibly compressed) layer tar `raw` into the empty directory `root` within
+/// `limits` and returns what it did with the uncompressed tar's digest (`sha256:<hex>`, the
+/// diff id).
+pub fn apply_layer(
+    raw: Box<dyn Read + '_>,
+    root: &Path,
+    limits: &Limits,
+) -> Result<(Applied, String), HostError> {
     use sha2::Digest;
     let mut hashing = Hashing {
         inner: decompress(raw)?,
         hash: sha2::Sha256::new(),
+        read: 0,
+        max: limits.max_bytes,
     };
-    let applied = apply_plain(&mut hashing, root)?;
+    let applied = apply_plain(&mut hashing, root, limits)?;
+    // What follows the tar's end still counts for the diff id (and against the limit).
     std::io::copy(&mut hashing, &mut std::io::sink())
         .map_err(|e| HostError::Other(format!("read layer: {e}")))?;
     let digest = format!("sha256:{}", hex(&hashing.hash.finalize()));
@@ -183,10 +232,25 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// Applies the (possibly compressed) layer tar `raw` into the empty directory `root`.
 pub fn apply(raw: Box<dyn Read + '_>, root: &Path) -> Result<Applied, HostError> {
-    apply_layer(raw, root).map(|(a, _)| a)
+    apply_layer(raw, root, &Limits::default()).map(|(a, _)| a)
 }
 
-fn apply_plain(reader: &mut dyn Read, root: &Path) -> Result<Applied, HostError> {
+/// Every this many bytes written, the free space is checked again.
+const FREE_CHECK_EVERY: u64 = 64 << 20;
+
+fn apply_plain(reader: &mut dyn Read, root: &Path, limits: &Limits) -> Result<Applied, HostError> {
+    let check_free = || {
+        match free_bytes(root) {
+        Some(free) if free < limits.min_free_bytes => Err(HostError::Other(format!(
+            "only {free} bytes are free where layers are unpacked ({}); stopping (the reserve is {})",
+            root.display(),
+            limits.min_free_bytes
+        ))),
+        _ => Ok(()),
+    }
+    };
+    check_free()?;
+    let mut next_check = FREE_CHECK_EVERY;
     let mut applied = Applied::default();
     let mut archive = tar::Archive::new(reader);
     let entries = archive
@@ -203,6 +267,12 @@ fn apply_plain(reader: &mut dyn Read, root: &Path) -> Result<Applied, HostError>
             continue;
         };
         applied.entries += 1;
+        if applied.entries as u64 > limits.max_entries {
+            return Err(HostError::Other(format!(
+                "the layer has more than {} entries",
+                limits.max_entries
+            )));
+        }
         let name = rel
             .file_name()
             .map(|n| n.as_bytes().to_vec())
@@ -215,6 +285,15 @@ fn apply_plain(reader: &mut dyn Read, root: &Path) -> Result<Applied, HostError>
             continue;
         }
         if let Some(hidden) = name.strip_prefix(b".wh.") {
+            // The whited-out name is an entry name like any other: `.wh...` would name the
+            // parent directory and `.wh..` this one.
+            if hidden.is_empty() || hidden == b"." || hidden == b".." || hidden.contains(&b'/') {
+                return Err(HostError::Other(format!(
+                    "layer entry {} is a whiteout of {:?}, which is not a name",
+                    rel.display(),
+                    String::from_utf8_lossy(hidden)
+                )));
+            }
             let target =
                 safe_parent(root, &rel)?.with_file_name(std::ffi::OsStr::from_bytes(hidden));
             remove_any(&target);
@@ -251,7 +330,12 @@ fn apply_plain(reader: &mut dyn Read, root: &Path) -> Result<Applied, HostError>
                     .create_new(true)
                     .open(&dest)
                     .map_err(|e| HostError::io("create", &dest, e))?;
-                std::io::copy(&mut entry, &mut f).map_err(|e| HostError::io("write", &dest, e))?;
+                applied.bytes += std::io::copy(&mut entry, &mut f)
+                    .map_err(|e| HostError::io("write", &dest, e))?;
+                if applied.bytes >= next_check {
+                    check_free()?;
+                    next_check = applied.bytes + FREE_CHECK_EVERY;
+                }
             }
             tar::EntryType::Symlink => {
                 let target = entry
@@ -446,7 +530,7 @@ mod tests {
         );
         assert_eq!(&z[..4], b"\x28\xb5\x2f\xfd", "not a zstd frame");
         let root = tmp("zstd");
-        let (_, diff_id) = apply_layer(Box::new(&z[..]), &root).unwrap();
+        let (_, diff_id) = apply_layer(Box::new(&z[..]), &root, &Limits::default()).unwrap();
         use sha2::Digest;
         assert_eq!(
             diff_id,
@@ -537,6 +621,27 @@ mod tests {
         let root6 = tmp("h6");
         assert!(apply(Box::new(&t[..]), &root6).is_err());
         assert!(secret.exists(), "whiteout removed a file outside the layer");
+        // 6. A whiteout of ".." (`.wh...`) or "." would empty the layer's parent.
+        let sibling = root6
+            .parent()
+            .unwrap()
+            .join(format!("sandboxd-unpack-{}-sibling", std::process::id()));
+        std::fs::create_dir_all(&sibling).unwrap();
+        for name in [&b"dir/.wh..."[..], b"dir/.wh..", b".wh."] {
+            let t = tar_of(|b| raw_entry(b, tar::EntryType::Regular, name, None, b""));
+            let root7 = tmp("h7");
+            assert!(
+                apply(Box::new(&t[..]), &root7).is_err(),
+                "{:?} accepted",
+                String::from_utf8_lossy(name)
+            );
+            assert!(
+                sibling.exists() && root7.exists(),
+                "a whiteout removed the layer's parent"
+            );
+            let _ = std::fs::remove_dir_all(root7);
+        }
+        let _ = std::fs::remove_dir_all(&sibling);
         for d in [
             outside,
             root,

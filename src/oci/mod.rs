@@ -2,7 +2,8 @@
 //! every container created under a `sandboxd-monitor` so it outlives the daemon, and its pid
 //! and exit status learned from files the monitor writes.
 
+pub mod runsc;
 mod runtime;
 pub mod spec;
 
-pub use runtime::{ContainerFiles, ExitInfo, OciRuntime, RuntimeError, RuntimeState};
+pub use runtime::{ContainerFiles, ExitInfo, OciRuntime, RuntimeError, RuntimeState, RuntimeStats};

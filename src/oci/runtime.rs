@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
@@ -26,6 +26,15 @@ pub enum RuntimeError {
         #[source]
         source: RunError,
     },
+    #[error("runtime handler {runtime} ({binary}): {op} of {id} did not finish within {limit:?}; it was killed with everything it started{}", if stderr.is_empty() { String::new() } else { format!(" (its stderr: {stderr})") })]
+    TimedOut {
+        runtime: String,
+        binary: String,
+        op: &'static str,
+        id: String,
+        limit: Duration,
+        stderr: String,
+    },
 }
 
 /// The files one container's monitor reads and writes.
@@ -46,6 +55,14 @@ pub struct ContainerFiles {
 }
 
 impl ContainerFiles {
+    /// Waits until the monitor wrote the exit file, or (monitor gone) the process is gone.
+    pub fn wait_exit(&self, pid: i32, limit: Duration) -> Result<(), String> {
+        let started = Instant::now();
+        let r = wait_exit_since(started, self, pid, limit);
+        crate::process::account_wait(started.elapsed());
+        r
+    }
+
     /// The standard layout inside a container's (or the infra's) own dir.
     pub fn in_dir(dir: &Path, log_path: Option<PathBuf>) -> Self {
         ContainerFiles {
@@ -82,6 +99,14 @@ pub struct ExitInfo {
     pub exited_at: String,
 }
 
+/// What `events --stats` says of a container.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuntimeStats {
+    pub cpu_nanos: Option<u64>,
+    pub memory_bytes: Option<u64>,
+    pub tasks: Option<u64>,
+}
+
 /// `runtime state` output, the fields we use.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 pub struct RuntimeState {
@@ -95,6 +120,8 @@ pub struct RuntimeState {
 pub struct OciRuntime {
     pub name: String,
     pub path: PathBuf,
+    /// Flags before every subcommand (`runtime_args` of the handler).
+    pub args: Vec<String>,
     pub root: PathBuf,
     pub monitor: PathBuf,
     pub timeout: Duration,
@@ -103,7 +130,8 @@ pub struct OciRuntime {
 impl OciRuntime {
     fn base(&self, log: Option<&Path>) -> Command {
         let mut c = Command::new(&self.path);
-        c.arg("--root").arg(&self.root);
+        process::private_umask(&mut c);
+        c.args(&self.args).arg("--root").arg(&self.root);
         if let Some(log) = log {
             c.arg("--log").arg(log).arg("--log-format").arg("json");
         }
@@ -114,15 +142,39 @@ impl OciRuntime {
         &self,
         op: &'static str,
         id: &str,
+        cmd: Command,
+        log: Option<&Path>,
+    ) -> Result<Vec<u8>, RuntimeError> {
+        self.call_killing(op, id, cmd, log, |_| {})
+    }
+
+    /// [`call`](Self::call) that also runs `on_timeout` (with the child's pid) before the
+    /// child's process group is killed at the time limit.
+    fn call_killing(
+        &self,
+        op: &'static str,
+        id: &str,
         mut cmd: Command,
         log: Option<&Path>,
+        on_timeout: impl FnOnce(i32),
     ) -> Result<Vec<u8>, RuntimeError> {
         cmd.env_remove("NOTIFY_SOCKET");
         let started = std::time::Instant::now();
-        let out = process::run(cmd, b"", self.timeout).map_err(|source| RuntimeError::Run {
-            runtime: self.name.clone(),
-            op,
-            source,
+        let out = process::run_with(cmd, b"", &process::Limits::helper(self.timeout), on_timeout)
+            .map_err(|source| match source {
+            RunError::Timeout { limit, stderr, .. } => RuntimeError::TimedOut {
+                runtime: self.name.clone(),
+                binary: self.path.display().to_string(),
+                op,
+                id: id.to_string(),
+                limit,
+                stderr,
+            },
+            source => RuntimeError::Run {
+                runtime: self.name.clone(),
+                op,
+                source,
+            },
         })?;
         tracing::debug!(
             container_id = id,
@@ -168,8 +220,11 @@ impl OciRuntime {
         c.arg("--runtime")
             .arg(&self.path)
             .arg("--runtime-root")
-            .arg(&self.root)
-            .arg("--id")
+            .arg(&self.root);
+        for a in &self.args {
+            c.arg("--runtime-arg").arg(a);
+        }
+        c.arg("--id")
             .arg(id)
             .arg("--bundle")
             .arg(bundle)
@@ -193,7 +248,25 @@ impl OciRuntime {
         if let Some(s) = &files.console_socket {
             c.arg("--console-socket").arg(s);
         }
-        let out = self.call("create", id, c, Some(&files.runtime_log))?;
+        // Past the time limit: the monitor (it leads its own session and process group, with
+        // the runtime and the runtime's children in it) is killed by the pid it wrote first,
+        // then whatever the runtime made of the container is force-deleted.
+        let monitor_pid = files.monitor_pid_file.clone();
+        let out = match self.call_killing("create", id, c, Some(&files.runtime_log), |_| {
+            if let Some(pid) = process::read_pid(&monitor_pid).filter(|p| *p > 1) {
+                process::kill_tree(pid);
+            }
+        }) {
+            Ok(out) => out,
+            Err(e) => {
+                if matches!(e, RuntimeError::TimedOut { .. }) {
+                    if let Err(d) = self.delete(id, &files.runtime_log) {
+                        tracing::warn!(container_id = id, error = %d, "cannot delete the container of a timed-out create");
+                    }
+                }
+                return Err(e);
+            }
+        };
         let text = String::from_utf8_lossy(&out);
         text.trim()
             .parse::<i32>()
@@ -209,6 +282,45 @@ impl OciRuntime {
         let mut c = self.base(Some(log));
         c.arg("start").arg(id);
         self.call("start", id, c, Some(log)).map(drop)
+    }
+
+    /// `start` run with the container's stdio (a runtime that gives a container inside its
+    /// sandbox the stdio of the `start` call: runsc). Errors come from the runtime's log.
+    pub fn start_with_stdio(
+        &self,
+        id: &str,
+        log: &Path,
+        stdio: [Option<std::os::fd::OwnedFd>; 3],
+    ) -> Result<(), RuntimeError> {
+        let mut c = self.base(Some(log));
+        c.arg("start").arg(id).env_remove("NOTIFY_SOCKET");
+        let started = std::time::Instant::now();
+        let status =
+            process::run_with_stdio(c, stdio, self.timeout).map_err(|source| match source {
+                RunError::Timeout { limit, stderr, .. } => RuntimeError::TimedOut {
+                    runtime: self.name.clone(),
+                    binary: self.path.display().to_string(),
+                    op: "start",
+                    id: id.to_string(),
+                    limit,
+                    stderr,
+                },
+                source => RuntimeError::Run {
+                    runtime: self.name.clone(),
+                    op: "start",
+                    source,
+                },
+            })?;
+        tracing::debug!(container_id = id, runtime = %self.name, op = "start", elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, %status, "runtime call returned");
+        if status.success() {
+            return Ok(());
+        }
+        Err(RuntimeError::Failed {
+            runtime: self.name.clone(),
+            op: "start",
+            id: id.to_string(),
+            msg: last_log_error(log).unwrap_or_else(|| format!("exited with {status}")),
+        })
     }
 
     /// The runtime's view of the container; `None` if the runtime does not know it.
@@ -242,6 +354,9 @@ impl OciRuntime {
         match self.call("kill", id, c, Some(log)) {
             Ok(_) => Ok(()),
             Err(e) if is_not_found(&e) || is_not_running(&e) => Ok(()),
+            // runsc cannot signal a created (never started) container; removing it is how it
+            // is killed (runc signals its init instead).
+            Err(e) if signal == "KILL" && is_created(&e) => self.delete(id, log),
             Err(e) => Err(e),
         }
     }
@@ -270,16 +385,61 @@ impl OciRuntime {
             .arg("--runtime")
             .arg(&self.path)
             .arg("--runtime-root")
-            .arg(&self.root)
-            .arg("--id")
-            .arg(id)
-            .arg("--pid-file")
-            .arg(pid_file);
+            .arg(&self.root);
+        for a in &self.args {
+            c.arg("--runtime-arg").arg(a);
+        }
+        c.arg("--id").arg(id).arg("--pid-file").arg(pid_file);
         if let Some(sock) = console {
             c.arg("--console-socket").arg(sock);
         }
         c.arg("--").args(cmd).env_remove("NOTIFY_SOCKET");
         c
+    }
+
+    /// `checkpoint`: CRIU dumps the running container's processes into `images` (`work` for
+    /// CRIU's logs); with `leave_running` the container goes on running.
+    pub fn checkpoint(
+        &self,
+        id: &str,
+        images: &Path,
+        work: &Path,
+        leave_running: bool,
+        log: &Path,
+    ) -> Result<(), RuntimeError> {
+        let mut c = self.base(Some(log));
+        c.arg("checkpoint")
+            .arg("--image-path")
+            .arg(images)
+            .arg("--work-path")
+            .arg(work);
+        if leave_running {
+            c.arg("--leave-running");
+        }
+        c.arg(id);
+        self.call("checkpoint", id, c, Some(log)).map(drop)
+    }
+
+    /// `events --stats`: the container's CPU (nanoseconds), memory (bytes) and task count as
+    /// the runtime measures them — for runtimes whose containers leave their own cgroup
+    /// empty (runsc runs every container inside its sandbox's).
+    pub fn stats(&self, id: &str) -> Result<RuntimeStats, RuntimeError> {
+        let mut c = self.base(None);
+        c.arg("events").arg("--stats").arg(id);
+        let out = self.call("events", id, c, None)?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&out).map_err(|e| RuntimeError::Failed {
+                runtime: self.name.clone(),
+                op: "events",
+                id: id.to_string(),
+                msg: format!("unparsable stats: {e}"),
+            })?;
+        let d = &v["data"];
+        Ok(RuntimeStats {
+            cpu_nanos: d["cpu"]["usage"]["total"].as_u64(),
+            memory_bytes: d["memory"]["usage"]["usage"].as_u64(),
+            tasks: d["pids"]["current"].as_u64(),
+        })
     }
 
     /// `delete --force`; a container the runtime does not know is success.
@@ -300,8 +460,12 @@ fn is_not_found(e: &RuntimeError) -> bool {
             let m = msg.to_ascii_lowercase();
             m.contains("does not exist") || m.contains("not found") || m.contains("no such file")
         }
-        RuntimeError::Run { .. } => false,
+        RuntimeError::Run { .. } | RuntimeError::TimedOut { .. } => false,
     }
+}
+
+fn is_created(e: &RuntimeError) -> bool {
+    matches!(e, RuntimeError::Failed { msg, .. } if msg.contains("in state created"))
 }
 
 fn is_not_running(e: &RuntimeError) -> bool {
@@ -312,7 +476,7 @@ fn is_not_running(e: &RuntimeError) -> bool {
                 || m.contains("process already finished")
                 || m.contains("container stopped")
         }
-        RuntimeError::Run { .. } => false,
+        RuntimeError::Run { .. } | RuntimeError::TimedOut { .. } => false,
     }
 }
 
@@ -329,4 +493,49 @@ fn last_log_error(path: &Path) -> Option<String> {
             )
         })
         .and_then(|v| v.get("msg").and_then(|m| m.as_str()).map(str::to_string))
+}
+
+fn wait_exit_since(
+    started: Instant,
+    files: &ContainerFiles,
+    pid: i32,
+    limit: Duration,
+) -> Result<(), String> {
+    let deadline = started + limit;
+    let monitor = files.monitor_pid(); // written before create returned; never changes
+    let mut delay = Duration::from_micros(100);
+    // When the process was first seen exited (a zombie its monitor does not reap, or gone
+    // with no exit recorded): a monitor that is stopped or dead never records the exit.
+    let mut exited_since: Option<Instant> = None;
+    loop {
+        if files.exit().is_some() {
+            return Ok(());
+        }
+        let process_exited = !crate::process::alive(pid);
+        let monitor_alive = monitor.is_some_and(crate::process::alive);
+        if process_exited && !monitor_alive {
+            return Ok(());
+        }
+        if process_exited {
+            // A live monitor reaps and records within milliseconds (its output drain takes
+            // at most 2 s); one that does not within 3 s is stopped or hung.
+            let since = *exited_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= Duration::from_secs(3) {
+                tracing::warn!(pid, monitor = ?monitor, "the process exited but its monitor records nothing (stopped?)");
+                return Ok(());
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("process {pid} did not exit within {limit:?}"));
+        }
+        std::thread::sleep(delay);
+        // A killed process is usually reaped and recorded within a few ms: check every ms at
+        // first, then back off to 20 ms for one that takes its time.
+        let cap = if started.elapsed() < Duration::from_millis(100) {
+            Duration::from_millis(1)
+        } else {
+            Duration::from_millis(20)
+        };
+        delay = (delay * 2).min(cap);
+    }
 }

@@ -53,6 +53,8 @@ pub struct InfraSpec {
     pub hostname_file: PathBuf,
     pub cgroups_path: String,
     pub oom_score_adj: i32,
+    /// Namespaced sysctls of the pod (normalized names).
+    pub sysctls: HashMap<String, String>,
 }
 
 fn ns(typ: LinuxNamespaceType, path: Option<&Path>) -> LinuxNamespace {
@@ -83,26 +85,12 @@ pub(crate) const DEFAULT_PATH: &str =
 pub(crate) type StdMount = (&'static str, &'static str, &'static str, Vec<&'static str>);
 
 /// The mounts every container gets, as runc's default spec has them: /proc, /dev, /dev/pts,
-/// /dev/mqueue and /sys. A sysfs mount needs a network namespace of its own, so without one
-/// (`own_netns` false) the host's /sys is bind-mounted instead; `sys_writable` for privileged
-/// containers.
-pub(crate) fn standard_mounts(own_netns: bool, sys_writable: bool) -> Vec<StdMount> {
-    let sys_mode = if sys_writable { "rw" } else { "ro" };
-    let sys = if own_netns {
-        (
-            "/sys",
-            "sysfs",
-            "sysfs",
-            vec!["nosuid", "noexec", "nodev", sys_mode],
-        )
-    } else {
-        (
-            "/sys",
-            "bind",
-            "/sys",
-            vec!["rbind", "nosuid", "noexec", "nodev", sys_mode],
-        )
-    };
+/// /dev/mqueue, a sysfs of its own (read-only; runc mounts a fresh one in the host's network
+/// namespace too, so a host-network container never sees the host's /sys and its cgroup
+/// tree read-write) and /sys/fs/cgroup showing only the container's own cgroups, read-only;
+/// `writable` (privileged containers) makes the last two read-write.
+pub(crate) fn standard_mounts(writable: bool) -> Vec<StdMount> {
+    let mode = if writable { "rw" } else { "ro" };
     vec![
         ("/proc", "proc", "proc", vec!["nosuid", "noexec", "nodev"]),
         (
@@ -132,8 +120,26 @@ pub(crate) fn standard_mounts(own_netns: bool, sys_writable: bool) -> Vec<StdMou
             "mqueue",
             vec!["nosuid", "noexec", "nodev"],
         ),
-        sys,
+        (
+            "/sys",
+            "sysfs",
+            "sysfs",
+            vec!["nosuid", "noexec", "nodev", mode],
+        ),
+        (
+            "/sys/fs/cgroup",
+            "cgroup",
+            "cgroup",
+            vec!["nosuid", "noexec", "nodev", "relatime", mode],
+        ),
     ]
+}
+
+/// Does this host run the unified cgroup v2 hierarchy alone (where a container gets a cgroup
+/// namespace of its own, as containerd and CRI-O give it)?
+pub(crate) fn cgroup_v2_only() -> bool {
+    let hs = crate::cgroups::hierarchies();
+    !hs.is_empty() && hs.iter().all(|h| h.controllers.is_none())
 }
 
 /// Builds the infra container's spec.
@@ -160,6 +166,7 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
             UserBuilder::default()
                 .uid(0u32)
                 .gid(0u32)
+                .umask(0o022u32)
                 .build()
                 .map_err(|e| err("user", e))?,
         )
@@ -184,7 +191,7 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
         namespaces.push(ns(LinuxNamespaceType::Uts, None));
     }
 
-    let mut mounts = standard_mounts(s.netns.is_some(), false)
+    let mut mounts = standard_mounts(false)
         .into_iter()
         .map(|(dest, typ, src, opts)| mount(dest, typ, Path::new(src), &opts))
         .collect::<Result<Vec<_>, _>>()?;
@@ -223,6 +230,7 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
 
     let defaults = oci_spec::runtime::Linux::default();
     let linux = LinuxBuilder::default()
+        .sysctl(s.sysctls.clone())
         .namespaces(namespaces)
         .cgroups_path(PathBuf::from(&s.cgroups_path))
         .masked_paths(defaults.masked_paths().clone().unwrap_or_default())
@@ -236,6 +244,16 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
     );
     annotations.insert(
         "io.kubernetes.cri.sandbox-id".to_string(),
+        s.sandbox_id.clone(),
+    );
+    // CRI-O's names too: sandboxed runtimes (runsc, Kata) read either to put the
+    // containers of one pod into one sandbox.
+    annotations.insert(
+        "io.kubernetes.cri-o.ContainerType".to_string(),
+        "sandbox".to_string(),
+    );
+    annotations.insert(
+        "io.kubernetes.cri-o.SandboxID".to_string(),
         s.sandbox_id.clone(),
     );
     let mut b = SpecBuilder::default()
@@ -267,13 +285,12 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
 /// safe: the binary is replaced by rename, running processes keep the old inode.
 pub fn prepare_infra_rootfs(dir: &Path, pause: &Path) -> Result<(), HostError> {
     for d in ["proc", "dev", "sys", "etc", "dev/shm"] {
-        let p = dir.join(d);
-        std::fs::create_dir_all(&p).map_err(|e| HostError::io("create", &p, e))?;
+        crate::state::files::private_dir_all(&dir.join(d))?;
     }
     for f in ["etc/resolv.conf", "etc/hosts", "etc/hostname"] {
         let p = dir.join(f);
         if !p.exists() {
-            std::fs::write(&p, b"").map_err(|e| HostError::io("create", &p, e))?;
+            crate::state::files::write_private(&p, b"")?;
         }
     }
     if is_dynamic_elf(pause)? {
@@ -284,11 +301,13 @@ pub fn prepare_infra_rootfs(dir: &Path, pause: &Path) -> Result<(), HostError> {
         )));
     }
     let target = dir.join("pause");
+    // Copied only when it changed: a start on a full disk must not need new blocks.
+    let wanted = std::fs::read(pause).map_err(|e| HostError::io("read", pause, e))?;
+    if std::fs::read(&target).is_ok_and(|have| have == wanted) {
+        return Ok(());
+    }
     let tmp = dir.join(".pause.tmp");
-    std::fs::copy(pause, &tmp).map_err(|e| HostError::io("copy pause binary to", &tmp, e))?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
-        .map_err(|e| HostError::io("chmod", &tmp, e))?;
+    crate::state::files::write_file(&tmp, &wanted, 0o700)?;
     std::fs::rename(&tmp, &target).map_err(|e| HostError::io("install", &target, e))
 }
 
@@ -336,7 +355,7 @@ pub fn clamp_oom_score_adj(wanted: i32) -> i32 {
 /// Writes a bundle's config.json (compact: the runtime is its only reader).
 pub fn save(spec: &Spec, path: &Path) -> Result<(), HostError> {
     let data = serde_json::to_vec(spec).map_err(|e| HostError::Other(format!("OCI spec: {e}")))?;
-    std::fs::write(path, data).map_err(|e| HostError::io("write", path, e))
+    crate::state::files::write_private(path, &data)
 }
 
 #[cfg(test)]
@@ -357,6 +376,7 @@ mod tests {
             hostname_file: "/s/hostname".into(),
             cgroups_path: "/sandboxd/abc".into(),
             oom_score_adj: -998,
+            sysctls: HashMap::new(),
         })
         .unwrap()
     }

@@ -10,7 +10,11 @@ use crate::{lock, Runtime, SandboxEntry};
 
 pub(crate) fn remove(rt: &Runtime, id: &str) -> Result<()> {
     let Some(entry) = rt.lookup(id)? else {
-        return Ok(());
+        let q = crate::state::Quarantine::find(&lock(&rt.quarantine).sandboxes, id);
+        return match q {
+            Some(qid) => finish_quarantined(rt, &qid),
+            None => Ok(()),
+        };
     };
     let _op = lock(&entry.op);
     if !lock(&rt.registry)
@@ -21,7 +25,9 @@ pub(crate) fn remove(rt: &Runtime, id: &str) -> Result<()> {
     }
     teardown(rt, &entry, false)?;
     unregister(rt, &entry);
-    tracing::info!(sandbox_id = %lock(&entry.record).id, "pod sandbox removed");
+    let status = lock(&entry.record).status();
+    tracing::info!(sandbox_id = %status.id, "pod sandbox removed");
+    rt.emit_pod(crate::events::EventKind::Deleted, status);
     Ok(())
 }
 
@@ -33,7 +39,7 @@ pub(crate) fn teardown(rt: &Runtime, entry: &SandboxEntry, rollback: bool) -> Re
     let mut errors = Vec::new();
     for c in rt.containers_of(&rec.id) {
         let _op = lock(&c.op);
-        if let Err(e) = crate::container::lifecycle::remove_locked(rt, &c) {
+        if let Err(e) = crate::container::remove::remove_locked(rt, &c) {
             errors.push(e);
         }
     }
@@ -64,6 +70,85 @@ pub(crate) fn teardown(rt: &Runtime, entry: &SandboxEntry, rollback: bool) -> Re
     }
     if let Err(e) = crate::state::remove_record_dir(&rec.dir) {
         errors.push(Error::step("remove sandbox dir", &rec.id, e));
+    }
+    Error::collect(errors)
+}
+
+/// Tears down a quarantined sandbox (its record was unreadable) from what is known without
+/// the record: its id names its namespace files, its dir, its infra container and its pod
+/// cgroup; the CNI attachment (config and ADD result) was kept on its own, so DEL runs with
+/// it. Its registered containers are removed first. Every step is tried; a failed DEL keeps
+/// it quarantined for a retry.
+fn finish_quarantined(rt: &Runtime, id: &str) -> Result<()> {
+    tracing::info!(sandbox_id = %id, "finishing the teardown of a quarantined sandbox");
+    let mut errors = Vec::new();
+    for c in rt.containers_of(id) {
+        let _op = lock(&c.op);
+        if let Err(e) = crate::container::remove::remove_locked(rt, &c) {
+            errors.push(e);
+        }
+    }
+    for runtime in rt.runtimes.values() {
+        if runtime.root.join(id).exists() {
+            let log = rt
+                .cfg
+                .root
+                .join("runtime")
+                .join(format!("{}-gc.log", runtime.name));
+            if let Err(e) = runtime.delete(id, &log) {
+                errors.push(Error::step("delete infra container", id, e));
+            }
+        }
+    }
+    let name = rt.ns_name(id);
+    let netns = rt.cfg.netns_dir.join(&name);
+    let del = match rt.cni.load_cache(id) {
+        Some(mut c) => {
+            c.attachment.netns = Some(netns.clone()).filter(|p| crate::netns::is_nsfs(p));
+            rt.cni.del(&c.list, &c.attachment, c.result.as_ref())
+        }
+        None => {
+            tracing::warn!(sandbox_id = %id, "no CNI attachment was kept for it; DEL with today's network config");
+            rt.network().and_then(|list| {
+                let att = crate::cni::Attachment {
+                    container_id: id.to_string(),
+                    netns: Some(netns.clone()).filter(|p| crate::netns::is_nsfs(p)),
+                    ifname: "eth0".into(),
+                    pod_name: String::new(),
+                    pod_namespace: String::new(),
+                    pod_uid: String::new(),
+                    port_mappings: Vec::new(),
+                };
+                rt.cni.del(&list, &att, None)
+            })
+        }
+    };
+    if let Err(e) = del {
+        // The netns stays for the retry (DEL is best with it).
+        errors.push(Error::step("tear down network", id, e));
+        return Error::collect(errors);
+    }
+    for dir in [&rt.cfg.netns_dir, &rt.cfg.ipcns_dir, &rt.cfg.utsns_dir] {
+        if let Err(e) = crate::netns::remove(&dir.join(&name)) {
+            errors.push(Error::step("close namespace", id, e));
+        }
+    }
+    let dir = rt.cfg.root.join("sandboxes").join(id);
+    if let Err(e) = remove_orphan_dir(&dir) {
+        errors.push(Error::step("remove sandbox dir", id, e));
+    }
+    let cgroup = format!("{}/pod-{id}", rt.cfg.cgroup_parent.trim_end_matches('/'));
+    if let Err(e) = crate::cgroups::remove(&cgroup) {
+        errors.push(Error::step("remove pod cgroup", id, e));
+    }
+    if errors.is_empty() {
+        if let Err(e) = rt.cni.remove_cache(id) {
+            errors.push(Error::step("remove CNI cache", id, e));
+        }
+    }
+    if errors.is_empty() {
+        lock(&rt.quarantine).sandboxes.remove(id);
+        tracing::info!(sandbox_id = %id, "quarantined sandbox removed");
     }
     Error::collect(errors)
 }

@@ -3,9 +3,7 @@
 //! (namespace files with our prefix, record-less dirs, CNI cache entries, runtime containers).
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
 
-use super::run::update;
 use super::*;
 use crate::cni::CacheEntry;
 use crate::error::Result;
@@ -18,8 +16,8 @@ pub(crate) fn restore(rt: &Runtime) -> Result<()> {
             Ok(Some(rec)) if rec.id == id => {
                 restore_one(rt, rec);
             }
-            Ok(Some(_)) => {
-                tracing::warn!(sandbox_id = %id, "record names another id; leaving it alone")
+            Ok(Some(rec)) => {
+                quarantine(rt, &id, format!("its record names another id ({})", rec.id))
             }
             Ok(None) => {
                 tracing::info!(sandbox_id = %id, "removing sandbox dir without a record");
@@ -27,9 +25,7 @@ pub(crate) fn restore(rt: &Runtime) -> Result<()> {
                     tracing::warn!(sandbox_id = %id, error = %e, "cannot remove orphan sandbox dir");
                 }
             }
-            Err(e) => {
-                tracing::warn!(sandbox_id = %id, error = %e, "unreadable sandbox record; leaving it alone")
-            }
+            Err(e) => quarantine(rt, &id, format!("unreadable record: {e}")),
         }
     }
     collect_namespaces(rt);
@@ -38,14 +34,19 @@ pub(crate) fn restore(rt: &Runtime) -> Result<()> {
     Ok(())
 }
 
+/// Leaves a sandbox whose record cannot be trusted alone: nothing it may name is collected
+/// (its namespace files carry its id, its CNI attachment is kept on its own) until an
+/// explicit RemovePodSandbox of its id finishes the teardown.
+fn quarantine(rt: &Runtime, id: &str, why: String) {
+    tracing::error!(sandbox_id = %id, reason = %why, "sandbox quarantined: nothing it may own is collected; RemovePodSandbox of its id finishes its teardown");
+    lock(&rt.quarantine).sandboxes.insert(id.to_string(), why);
+}
+
 fn restore_one(rt: &Runtime, rec: SandboxRecord) {
     let id = rec.id.clone();
     let name = rec.name.clone();
     let state = rec.state;
-    let entry = Arc::new(SandboxEntry {
-        op: Mutex::new(()),
-        record: Mutex::new(rec),
-    });
+    let entry = SandboxEntry::new(rec);
     {
         let mut reg = lock(&rt.registry);
         if let Err(e) = reg.names.reserve(&name, &id) {
@@ -81,7 +82,7 @@ fn reconcile_ready(rt: &Runtime, entry: &SandboxEntry) {
     }
     if !healthy {
         tracing::warn!(sandbox_id = %rec.id, "sandbox lost its infra process or netns while the daemon was down");
-        let _ = update(entry, |r| r.state = SandboxState::NotReady);
+        let _ = entry.update(|r| r.state = SandboxState::NotReady);
     }
 }
 
@@ -99,7 +100,7 @@ fn retry_given_up_network(rt: &Runtime, entry: &SandboxEntry) {
         attachment.netns = None;
         if rt.cni.del(&list, &attachment, result.as_ref()).is_ok() {
             let _ = rt.cni.remove_cache(&rec.id);
-            let _ = update(entry, |r| {
+            let _ = entry.update(|r| {
                 r.network.gave_up = false;
                 r.network.last_del_error = None;
             });
@@ -118,6 +119,11 @@ fn collect_namespaces(rt: &Runtime) {
         })
         .flatten()
         .collect();
+    let quarantined: HashSet<String> = lock(&rt.quarantine)
+        .sandboxes
+        .keys()
+        .map(|id| rt.ns_name(id))
+        .collect();
     let prefix = rt.ns_prefix();
     for dir in [&rt.cfg.netns_dir, &rt.cfg.ipcns_dir, &rt.cfg.utsns_dir] {
         let Ok(rd) = std::fs::read_dir(dir) else {
@@ -128,7 +134,7 @@ fn collect_namespaces(rt: &Runtime) {
             let ours = e
                 .file_name()
                 .to_str()
-                .is_some_and(|n| n.starts_with(&prefix));
+                .is_some_and(|n| n.starts_with(&prefix) && !quarantined.contains(n));
             if ours && !referenced.contains(&p) {
                 tracing::info!(path = %p.display(), "removing unreferenced namespace file");
                 if let Err(err) = crate::netns::remove(&p) {
@@ -142,7 +148,8 @@ fn collect_namespaces(rt: &Runtime) {
 /// CNI cache entries without a sandbox: their network was set up (or half set up) and never
 /// torn down. DEL them with an empty netns so IPAM reservations are released.
 fn collect_cni(rt: &Runtime) {
-    let registered: HashSet<String> = lock(&rt.registry).sandboxes.keys().cloned().collect();
+    let mut registered: HashSet<String> = lock(&rt.registry).sandboxes.keys().cloned().collect();
+    registered.extend(lock(&rt.quarantine).sandboxes.keys().cloned());
     for id in rt.cni.cached_ids() {
         if registered.contains(&id) {
             continue;
@@ -174,9 +181,12 @@ fn collect_cni(rt: &Runtime) {
 fn collect_runtime_containers(rt: &Runtime) {
     let registered: HashSet<String> = {
         let reg = lock(&rt.registry);
+        let q = lock(&rt.quarantine);
         reg.sandboxes
             .keys()
             .chain(reg.containers.keys())
+            .chain(q.sandboxes.keys())
+            .chain(q.containers.keys())
             .cloned()
             .collect()
     };

@@ -4,7 +4,7 @@
 //! record, which names each resource before it is created), and releases the name.
 
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::*;
 use crate::cni::{Attachment, CacheEntry, NetworkList};
@@ -13,16 +13,13 @@ use crate::error::{Error, HostError, Result};
 use crate::oci::{spec, ContainerFiles};
 use crate::{failpoint, lock, validate, Runtime, SandboxEntry};
 
-/// Upper bounds on what a request may carry (Kubernetes' own limits are in the same range).
-const MAX_LABELS: usize = 1024;
-const MAX_METADATA_BYTES: usize = 256 * 1024;
-
 /// What validation decided, before anything is touched.
 struct Plan {
     handler: String,
     infra: bool,
     network: Option<NetworkList>,
     hostname: String,
+    sysctls: Vec<(String, String, crate::sysctl::Ns)>,
 }
 
 pub(crate) fn run(rt: &Runtime, config: &PodSandboxConfig) -> Result<String> {
@@ -42,10 +39,7 @@ pub(crate) fn run(rt: &Runtime, config: &PodSandboxConfig) -> Result<String> {
                 reg.names.reserve(&name, &id)?;
                 reg.ids.insert(&id);
                 let record = new_record(rt, &id, &name, config, &plan);
-                let entry = Arc::new(SandboxEntry {
-                    op: Mutex::new(()),
-                    record: Mutex::new(record),
-                });
+                let entry = SandboxEntry::new(record);
                 reg.sandboxes.insert(id.clone(), entry.clone());
                 (Some(entry), None)
             }
@@ -57,7 +51,12 @@ pub(crate) fn run(rt: &Runtime, config: &PodSandboxConfig) -> Result<String> {
     let _op = lock(&entry.op);
     tracing::info!(sandbox_id = %id, name = %name, infra = plan.infra, "running pod sandbox");
     match create(rt, &entry, config, &plan) {
-        Ok(()) => Ok(id),
+        Ok(()) => {
+            let status = lock(&entry.record).status();
+            rt.emit_pod(crate::events::EventKind::Created, status.clone());
+            rt.emit_pod(crate::events::EventKind::Started, status);
+            Ok(id)
+        }
         Err(err) => {
             tracing::warn!(sandbox_id = %id, error = %err, "pod sandbox creation failed; rolling back");
             match super::remove::teardown(rt, &entry, true) {
@@ -110,7 +109,7 @@ fn new_record(
         name: name.to_string(),
         config: config.clone(),
         state: SandboxState::Creating,
-        created_at: now_nanos(),
+        created_at: crate::state::now_nanos(),
         runtime_handler: plan.handler.clone(),
         infra_mode: if plan.infra {
             InfraMode::Process
@@ -132,24 +131,6 @@ fn new_record(
         },
         own_pod_cgroup: config.cgroup_parent.is_empty(),
     }
-}
-
-/// Applies `f` to the record and persists it atomically. Before the sandbox dir exists (a
-/// rollback of a run that failed that early) the update stays in memory.
-pub(crate) fn update(entry: &SandboxEntry, f: impl FnOnce(&mut SandboxRecord)) -> Result<()> {
-    let mut r = lock(&entry.record);
-    f(&mut r);
-    if !r.dir.is_dir() {
-        return Ok(());
-    }
-    crate::state::write_json_atomic(&r.state_file(), &*r)
-        .map_err(|e| Error::step("persist sandbox state", &r.id, e))
-}
-
-/// Applies `f` to the in-memory record only: for progress that is safe to redo after a
-/// crash, so it is persisted with the next durable update.
-pub(crate) fn note(entry: &SandboxEntry, f: impl FnOnce(&mut SandboxRecord)) {
-    f(&mut lock(&entry.record));
 }
 
 /// The resources a sandbox will own, all named in the first record written, before any of
@@ -196,9 +177,9 @@ fn create(
         (r.id.clone(), r.dir.clone())
     };
     // Record first: the dir holds the record, and the record names everything to come.
-    std::fs::create_dir(&dir)
-        .map_err(|e| Error::step("create sandbox dir", &id, HostError::io("create", &dir, e)))?;
-    note(entry, |r| intents(rt, config, plan, r));
+    crate::state::files::private_dir(&dir)
+        .map_err(|e| Error::step("create sandbox dir", &id, e))?;
+    entry.note(|r| intents(rt, config, plan, r));
     let rec = lock(&entry.record).clone();
 
     // Namespaces: the network one unless host network; IPC and UTS pinned too when no infra
@@ -215,7 +196,7 @@ fn create(
     };
     let pinning =
         crate::netns::pin_in_background(&pin).map_err(|e| Error::step("create namespaces", &id, e));
-    let recorded = update(entry, |_| {});
+    let recorded = entry.update(|_| {});
     if recorded.is_ok() {
         failpoint::hit("run:recorded");
     }
@@ -234,13 +215,33 @@ fn create(
     files?;
     pinned?;
     failpoint::hit("run:netns");
+    // Without an infra process nothing else would set them: write them into the pinned
+    // namespaces now (an infra's runtime applies them from its spec).
+    if !plan.infra {
+        crate::netns::apply_sysctls(
+            rec.netns.as_deref(),
+            rec.ipcns.as_deref(),
+            rec.utsns.as_deref(),
+            &plan.sysctls,
+        )
+        .map_err(|e| Error::InvalidArgument(format!("linux.sysctls: {e}")))?;
+    }
 
     if let Some(cache) = &rec.network.cache {
         let result = rt
             .cni
             .add(&cache.list, &cache.attachment)
             .map_err(|e| Error::step("set up network", &id, e))?;
-        note(entry, |r| {
+        // The attachment DEL needs, kept durably on its own at once: even if this record is
+        // lost or corrupted later, the addresses can be released.
+        let kept = CacheEntry {
+            result: Some(result.clone()),
+            ..cache.clone()
+        };
+        rt.cni
+            .save_cache(&id, &kept)
+            .map_err(|e| Error::step("keep CNI attachment", &id, e))?;
+        entry.note(|r| {
             r.network.ips = crate::cni::result_ips(&result);
             if let Some(c) = r.network.cache.as_mut() {
                 c.result = Some(result);
@@ -258,7 +259,7 @@ fn create(
     if plan.infra {
         start_infra(rt, entry, config, plan, &rec)?;
     }
-    update(entry, |r| r.state = SandboxState::Ready)
+    entry.update(|r| r.state = SandboxState::Ready)
 }
 
 fn start_infra(
@@ -275,13 +276,8 @@ fn start_infra(
         .clone()
         .ok_or_else(|| Error::Config("no sandboxd-pause binary found (set pause_path)".into()))?;
     let infra_dir = rec.infra_dir();
-    std::fs::create_dir_all(&infra_dir).map_err(|e| {
-        Error::step(
-            "create infra dir",
-            id,
-            HostError::io("create", &infra_dir, e),
-        )
-    })?;
+    crate::state::files::private_dir_all(&infra_dir)
+        .map_err(|e| Error::step("create infra dir", id, e))?;
     let s = spec::infra(&spec::InfraSpec {
         sandbox_id: id.to_string(),
         rootfs,
@@ -295,6 +291,11 @@ fn start_infra(
         hostname_file: dir.join("hostname"),
         cgroups_path: format!("{}/sandboxd-{}", rec.pod_cgroup(&rt.cfg), id),
         oom_score_adj: spec::clamp_oom_score_adj(-998),
+        sysctls: plan
+            .sysctls
+            .iter()
+            .map(|(k, v, _)| (k.clone(), v.clone()))
+            .collect(),
     })
     .map_err(|e| Error::step("generate infra spec", id, e))?;
     spec::save(&s, &infra_dir.join("config.json"))
@@ -303,7 +304,7 @@ fn start_infra(
     let pid = runtime
         .create(id, &infra_dir, &files)
         .map_err(|e| Error::step("create infra container", id, e))?;
-    note(entry, |r| {
+    entry.note(|r| {
         if let Some(i) = r.infra.as_mut() {
             i.created = true;
             i.pid = pid;
@@ -313,7 +314,7 @@ fn start_infra(
     runtime
         .start(id, &files.runtime_log)
         .map_err(|e| Error::step("start infra container", id, e))?;
-    note(entry, |r| {
+    entry.note(|r| {
         if let Some(i) = r.infra.as_mut() {
             i.started = true;
         }
@@ -327,10 +328,10 @@ fn write_sandbox_files(
     config: &PodSandboxConfig,
     hostname: &str,
 ) -> Result<(), HostError> {
-    let write = |name: &str, data: &[u8]| {
-        let p = dir.join(name);
-        std::fs::write(&p, data).map_err(|e| HostError::io("write", &p, e))
-    };
+    // Bind-mounted into the pod's containers, whose users (any uid) read them; the sandbox
+    // dir (0700) keeps them from everyone else.
+    let write =
+        |name: &str, data: &[u8]| crate::state::files::write_file(&dir.join(name), data, 0o644);
     write("hostname", format!("{hostname}\n").as_bytes())?;
     write(
         "hosts",
@@ -363,31 +364,12 @@ fn validate_config(rt: &Runtime, c: &PodSandboxConfig) -> Result<Plan> {
     validate::name("metadata.name", &m.name)?;
     validate::name("metadata.namespace", &m.namespace)?;
     validate::name("metadata.uid", &m.uid)?;
-    if c.labels.len() > MAX_LABELS || c.annotations.len() > MAX_LABELS {
-        return Err(Error::InvalidArgument(format!(
-            "at most {MAX_LABELS} labels and {MAX_LABELS} annotations are accepted"
-        )));
-    }
-    let size: usize = c
-        .labels
-        .iter()
-        .chain(&c.annotations)
-        .map(|(k, v)| k.len() + v.len())
-        .sum();
-    if size > MAX_METADATA_BYTES {
-        return Err(Error::InvalidArgument(format!(
-            "labels and annotations total {size} bytes, the limit is {MAX_METADATA_BYTES}"
-        )));
-    }
-    if c.labels
-        .keys()
-        .chain(c.annotations.keys())
-        .any(|k| k.is_empty())
-    {
-        return Err(Error::InvalidArgument(
-            "label and annotation keys must not be empty".into(),
-        ));
-    }
+    validate::labels_and_annotations(&c.labels, &c.annotations)?;
+    let s = &c.selinux;
+    crate::lsm::selinux_label(
+        [&s[0], &s[1], &s[2], &s[3]],
+        "linux.security_context.selinux_options",
+    )?;
     let hostname = c.effective_hostname();
     validate::hostname(&hostname)?;
     if !c.log_directory.is_empty() && !c.log_directory.starts_with('/') {
@@ -490,10 +472,12 @@ fn validate_config(rt: &Runtime, c: &PodSandboxConfig) -> Result<Plan> {
             .map_err(|e| Error::Config(format!("network {:?}: {e}", list.name)))?;
         Some(list)
     };
+    let sysctls = crate::sysctl::validate(&c.sysctls, c.host_network(), c.host_ipc())?;
     Ok(Plan {
         handler: handler_name,
         infra,
         network,
         hostname,
+        sysctls,
     })
 }

@@ -4,9 +4,8 @@
 //! `CNI_NETNS` when the netns is gone); a failed DEL keeps the netns for the retry, and after
 //! `cni_del_max_attempts` failures the network is recorded as given up (start-up retries it).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::run::{note, update};
 use super::*;
 use crate::cni::Attachment;
 use crate::error::{Error, Result};
@@ -39,21 +38,33 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) ->
     {
         return Ok(()); // already stopped: a repeated stop is a no-op
     }
+    // A rollback (the sandbox never became ready) persists nothing: its record is removed
+    // at the end, so it must not depend on writing (a full disk is a common cause of the
+    // failure it rolls back).
+    let persist = |f: &dyn Fn(&mut SandboxRecord)| -> Result<()> {
+        if rollback {
+            entry.note(f);
+            return Ok(());
+        }
+        persist_or_note(entry, f)
+    };
     if rec.state == SandboxState::Ready {
-        update(entry, |r| r.state = SandboxState::NotReady)?;
+        persist(&|r| r.state = SandboxState::NotReady)?;
+        let status = lock(&entry.record).status();
+        rt.emit_pod(crate::events::EventKind::Stopped, status);
     } else {
-        note(entry, |r| r.state = SandboxState::NotReady);
+        entry.note(|r| r.state = SandboxState::NotReady);
     }
 
     if !rec.stop.containers_stopped {
         stop_containers(rt, &id)?;
-        note(entry, |r| r.stop.containers_stopped = true);
+        entry.note(|r| r.stop.containers_stopped = true);
         failpoint::hit("stop:containers");
     }
 
     if let Some(infra) = rec.infra.as_ref().filter(|i| !i.stopped) {
         stop_infra(rt, &rec, infra)?;
-        note(entry, |r| {
+        entry.note(|r| {
             if let Some(i) = r.infra.as_mut() {
                 i.stopped = true;
             }
@@ -72,23 +83,22 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) ->
         }
         match result {
             // Persisted with the final update: a crash before it only repeats an idempotent DEL.
-            Ok(()) => note(entry, |r| {
+            Ok(()) => entry.note(|r| {
                 r.network.stopped = true;
                 r.network.last_del_error = None;
             }),
             Err(e) => {
                 let msg = e.to_string();
                 let max = rt.cfg.cni_del_max_attempts;
-                let mut gave_up = false;
-                update(entry, |r| {
+                persist(&|r| {
                     r.network.del_failures += 1;
                     r.network.last_del_error = Some(msg.clone());
                     if max > 0 && r.network.del_failures >= max {
                         r.network.stopped = true;
                         r.network.gave_up = true;
-                        gave_up = true;
                     }
                 })?;
+                let gave_up = lock(&entry.record).network.gave_up;
                 if !gave_up {
                     return Err(Error::step("tear down network", &id, e));
                 }
@@ -112,7 +122,7 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) ->
             }
         }
         Error::collect(errors)?;
-        note(entry, |r| r.stop.netns_closed = true);
+        entry.note(|r| r.stop.netns_closed = true);
         failpoint::hit("stop:netns");
     }
 
@@ -120,12 +130,25 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) ->
         if let Some(shm) = &rec.shm {
             crate::mounts::unmount_all(shm).map_err(|e| Error::step("unmount shm", &id, e))?;
         }
-        note(entry, |r| r.stop.shm_unmounted = true);
+        entry.note(|r| r.stop.shm_unmounted = true);
         failpoint::hit("stop:shm");
     }
-    update(entry, |_| {})?;
+    persist(&|_| {})?;
     tracing::info!(sandbox_id = %id, "pod sandbox stopped");
     Ok(())
+}
+
+/// Persists a change, or on a full disk keeps it in memory with a warning: every stop step
+/// is idempotent, so a record that lags behind only makes a restart redo some of them (and
+/// a sandbox whose namespaces are gone is reported not ready).
+pub(crate) fn persist_or_note(entry: &SandboxEntry, f: &dyn Fn(&mut SandboxRecord)) -> Result<()> {
+    match entry.update(f) {
+        Err(e) if e.is_no_space() => {
+            tracing::warn!(sandbox_id = %lock(&entry.record).id, error = %e, "no space to persist the stop's progress; kept in memory");
+            Ok(())
+        }
+        r => r,
+    }
 }
 
 /// Stops the sandbox's containers side by side: stop signal, `stop_grace`, SIGKILL.
@@ -134,7 +157,7 @@ fn stop_containers(rt: &Runtime, id: &str) -> Result<()> {
     let grace = rt.cfg.stop_grace;
     if let [c] = containers.as_slice() {
         let _op = lock(&c.op);
-        return crate::container::lifecycle::stop_locked(rt, c, grace);
+        return crate::container::stop::stop_locked(rt, c, grace);
     }
     let errors: Vec<Error> = std::thread::scope(|s| {
         let handles: Vec<_> = containers
@@ -142,7 +165,7 @@ fn stop_containers(rt: &Runtime, id: &str) -> Result<()> {
             .map(|c| {
                 s.spawn(move || {
                     let _op = lock(&c.op);
-                    crate::container::lifecycle::stop_locked(rt, c, grace)
+                    crate::container::stop::stop_locked(rt, c, grace)
                 })
             })
             .collect();
@@ -200,46 +223,7 @@ fn stop_infra(rt: &Runtime, rec: &SandboxRecord, infra: &InfraRecord) -> Result<
     runtime
         .kill(&infra.id, "KILL", false, &files.runtime_log)
         .map_err(|e| Error::step("stop infra container", &rec.id, e))?;
-    wait_exit(&files, infra.pid, Duration::from_secs(10))
+    files
+        .wait_exit(infra.pid, Duration::from_secs(10))
         .map_err(|e| Error::step("stop infra container", &rec.id, e))
-}
-
-/// Waits until the monitor wrote the exit file, or (monitor gone) the process is gone.
-pub(crate) fn wait_exit(files: &ContainerFiles, pid: i32, limit: Duration) -> Result<(), String> {
-    let started = Instant::now();
-    let r = wait_exit_since(started, files, pid, limit);
-    crate::process::account_wait(started.elapsed());
-    r
-}
-
-fn wait_exit_since(
-    started: Instant,
-    files: &ContainerFiles,
-    pid: i32,
-    limit: Duration,
-) -> Result<(), String> {
-    let deadline = started + limit;
-    let monitor = files.monitor_pid(); // written before create returned; never changes
-    let mut delay = Duration::from_micros(100);
-    loop {
-        if files.exit().is_some() {
-            return Ok(());
-        }
-        let monitor_alive = monitor.is_some_and(crate::process::alive);
-        if !monitor_alive && !crate::process::alive(pid) {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(format!("process {pid} did not exit within {limit:?}"));
-        }
-        std::thread::sleep(delay);
-        // A killed process is usually reaped and recorded within a few ms: check every ms at
-        // first, then back off to 20 ms for one that takes its time.
-        let cap = if started.elapsed() < Duration::from_millis(100) {
-            Duration::from_millis(1)
-        } else {
-            Duration::from_millis(20)
-        };
-        delay = (delay * 2).min(cap);
-    }
 }

@@ -20,7 +20,10 @@ impl IdIndex {
 
     /// Resolves `prefix` to the one id it starts; `Ok(None)` if none matches.
     pub fn resolve(&self, prefix: &str) -> Result<Option<String>> {
-        crate::validate::id_prefix(prefix)?;
+        crate::validate::id_lookup(prefix)?;
+        if crate::validate::id_prefix(prefix).is_err() {
+            return Ok(None); // a UUID, a name: matches no id of ours
+        }
         let prefix = prefix.to_ascii_lowercase();
         let mut it = self
             .ids
@@ -64,5 +67,7 @@ mod tests {
         ));
         assert_eq!(ix.resolve("f").unwrap(), None);
         assert!(ix.resolve("../").is_err());
+        assert_eq!(ix.resolve("5c3c1a38-7a5f-4d4b").unwrap(), None);
+        assert_eq!(ix.resolve("not-hex").unwrap(), None);
     }
 }

@@ -67,24 +67,81 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), HostError> {
         .map_err(|e| HostError::io("fsync dir", dir, e))
 }
 
-/// Bytes and inodes used below `path` (symlinks are counted, never followed).
+/// The names in `dir` (none if it cannot be read).
+pub fn list_dir(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Most entries [`disk_usage`] counts: a tree bigger than that (a tenant's million empty
+/// files) is reported as this many, not walked for minutes.
+pub const DISK_USAGE_MAX_ENTRIES: u64 = 1 << 20;
+/// Deepest directory [`disk_usage`] descends into (one open descriptor per level).
+const DISK_USAGE_MAX_DEPTH: usize = 128;
+
+/// Bytes (allocated blocks, as `du` counts them: a sparse file counts what it uses) and
+/// inodes below `path`. The tree may belong to a tenant and change while it is walked: each
+/// dir is opened relative to its parent's descriptor without following symlinks, so a swap
+/// cannot lead the walk out of the tree; depth and entries are capped.
 pub fn disk_usage(path: &Path) -> (u64, u64) {
-    fn walk(p: &Path, acc: &mut (u64, u64)) {
-        if let Ok(rd) = std::fs::read_dir(p) {
-            for e in rd.flatten() {
-                if let Ok(m) = e.metadata() {
-                    acc.1 += 1;
-                    acc.0 += m.len();
-                    if m.is_dir() {
-                        walk(&e.path(), acc);
-                    }
+    use nix::dir::Dir;
+    use nix::fcntl::{AtFlags, OFlag};
+    use nix::sys::stat::{fstatat, Mode};
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let Ok(root) = Dir::open(path, flags, Mode::empty()) else {
+        return (0, 0);
+    };
+    let (mut bytes, mut inodes) = (0u64, 0u64);
+    // Each level: the open dir and the names of its subdirs still to visit.
+    let mut stack: Vec<Dir> = vec![root];
+    let mut pending: Vec<Vec<std::ffi::CString>> = vec![Vec::new()];
+    let mut fresh = true;
+    while let Some(dir) = stack.last_mut() {
+        if fresh {
+            fresh = false;
+            let names: Vec<std::ffi::CString> = dir
+                .iter()
+                .flatten()
+                .map(|e| e.file_name().to_owned())
+                .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
+                .take((DISK_USAGE_MAX_ENTRIES - inodes) as usize)
+                .collect();
+            let mut subdirs = Vec::new();
+            for name in names {
+                let Ok(st) = fstatat(&*dir, name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) else {
+                    continue;
+                };
+                inodes += 1;
+                bytes += (st.st_blocks as u64).saturating_mul(512);
+                if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                    subdirs.push(name);
                 }
+            }
+            *pending.last_mut().expect("one per level") = subdirs;
+        }
+        let next = pending.last_mut().and_then(Vec::pop);
+        match next {
+            Some(name) if stack.len() < DISK_USAGE_MAX_DEPTH && inodes < DISK_USAGE_MAX_ENTRIES => {
+                let parent = stack.last().expect("non-empty");
+                if let Ok(d) = Dir::openat(parent, name.as_c_str(), flags, Mode::empty()) {
+                    stack.push(d);
+                    pending.push(Vec::new());
+                    fresh = true;
+                }
+            }
+            Some(_) => {}
+            None => {
+                stack.pop();
+                pending.pop();
             }
         }
     }
-    let mut acc = (0, 0);
-    walk(path, &mut acc);
-    acc
+    (bytes, inodes)
 }
 
 /// One record dir: its id, its path and its record as [`read_json`] read it.
@@ -137,11 +194,7 @@ pub fn remove_record_dir(dir: &Path) -> Result<(), HostError> {
         Ok(m) if m.file_type().is_symlink() => {
             std::fs::remove_file(dir).map_err(|e| HostError::io("remove symlink", dir, e))
         }
-        Ok(_) => match std::fs::remove_dir_all(dir) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(HostError::io("remove dir", dir, e)),
-        },
+        Ok(_) => crate::mounts::remove_tree(dir),
     }
 }
 

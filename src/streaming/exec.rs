@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use bytes::Bytes;
+use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 
 use crate::oci::OciRuntime;
 
@@ -22,10 +23,67 @@ pub struct TermSize {
     pub height: u16,
 }
 
+/// Data a client sends on one stream, queued for its consumer (a process's stdin, a
+/// forwarded connection). What is queued counts against the session's inbound byte budget
+/// until the consumer takes it, so a client that writes faster than the consumer reads is
+/// held back (its frames stop being read) instead of growing our memory.
+pub struct Inbound {
+    rx: mpsc::Receiver<Bytes>,
+    budget: Arc<Semaphore>,
+}
+
+/// The sending side of an [`Inbound`].
+#[derive(Clone)]
+pub struct InboundTx {
+    tx: mpsc::Sender<Bytes>,
+    budget: Arc<Semaphore>,
+}
+
+/// A stream's inbound queue drawing on `budget` (bytes). Chunks must not exceed the budget.
+pub fn inbound(budget: &Arc<Semaphore>) -> (InboundTx, Inbound) {
+    let (tx, rx) = mpsc::channel(16);
+    (
+        InboundTx {
+            tx,
+            budget: budget.clone(),
+        },
+        Inbound {
+            rx,
+            budget: budget.clone(),
+        },
+    )
+}
+
+impl Inbound {
+    /// The next chunk; `None` once the client closed the stream.
+    pub async fn recv(&mut self) -> Option<Bytes> {
+        let b = self.rx.recv().await?;
+        self.budget.add_permits(b.len());
+        Some(b)
+    }
+}
+
+impl InboundTx {
+    /// Queues `b`, waiting for room in the session's budget; false if the consumer is gone.
+    pub async fn send(&self, b: Bytes) -> bool {
+        let n = b.len().min(Semaphore::MAX_PERMITS) as u32;
+        let Ok(p) = self.budget.acquire_many(n).await else {
+            return false;
+        };
+        p.forget();
+        let len = b.len();
+        if self.tx.send(b).await.is_err() {
+            self.budget.add_permits(len);
+            return false;
+        }
+        true
+    }
+}
+
 /// The client's side of a session, as channels. `None` = the client did not ask for it.
 pub struct Streams {
     /// Data the client sends to the process; the channel closing is stdin's EOF.
-    pub stdin: Option<mpsc::Receiver<Bytes>>,
+    pub stdin: Option<Inbound>,
     pub stdout: Option<mpsc::Sender<Bytes>>,
     pub stderr: Option<mpsc::Sender<Bytes>>,
     pub resize: Option<mpsc::Receiver<TermSize>>,
@@ -71,7 +129,8 @@ fn recv_fd(stream: &std::os::unix::net::UnixStream) -> std::io::Result<OwnedFd> 
         stream.as_raw_fd(),
         &mut iov,
         Some(&mut cmsg),
-        MsgFlags::empty(),
+        // The pty master must not leak into the processes we spawn later.
+        MsgFlags::MSG_CMSG_CLOEXEC,
     )
     .map_err(std::io::Error::from)?;
     for c in msg.cmsgs().map_err(std::io::Error::from)? {
@@ -411,11 +470,8 @@ pub fn terminal_size(fd: &impl AsRawFd) -> Option<TermSize> {
 
 /// Copies between a forwarded TCP connection and a client stream until both directions end:
 /// `inbound` is what the client sends, `send` delivers what the pod answers (false = gone).
-pub async fn pump<F, Fut>(
-    tcp: tokio::net::TcpStream,
-    mut inbound: mpsc::Receiver<Bytes>,
-    mut send: F,
-) where
+pub async fn pump<F, Fut>(tcp: tokio::net::TcpStream, mut inbound: Inbound, mut send: F)
+where
     F: FnMut(Bytes) -> Fut,
     Fut: std::future::Future<Output = bool>,
 {

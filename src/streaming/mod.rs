@@ -33,8 +33,19 @@ pub struct StreamingConfig {
     pub address: String,
     /// A session with no traffic in either direction for this long is closed.
     pub idle_timeout_secs: u64,
+    /// A client that stops reading our output for this long (everything it has not read
+    /// yet is held in a fixed per-session buffer meanwhile) has its session closed.
+    pub write_timeout_secs: u64,
     /// Sessions running at once; more are refused with 503.
     pub max_sessions: usize,
+    /// Connections open at once (before and during their sessions); more are closed at
+    /// once. Never more than a quarter of the daemon's file descriptor limit, so the CRI
+    /// socket always has descriptors left.
+    pub max_connections: usize,
+    /// Connections open at once from one client address.
+    pub max_connections_per_ip: usize,
+    /// A client must send its whole request header within this many seconds.
+    pub header_timeout_secs: u64,
     /// How long an issued URL stays valid (it is also valid only once).
     pub token_ttl_secs: u64,
     /// Serve HTTPS with this PEM certificate chain and key (both or neither).
@@ -47,7 +58,11 @@ impl Default for StreamingConfig {
         StreamingConfig {
             address: "127.0.0.1:0".into(),
             idle_timeout_secs: 4 * 3600,
+            write_timeout_secs: 300,
             max_sessions: 256,
+            max_connections: 1024,
+            max_connections_per_ip: 256,
+            header_timeout_secs: 10,
             token_ttl_secs: TOKEN_TTL.as_secs(),
             tls_cert_file: None,
             tls_key_file: None,
@@ -236,41 +251,57 @@ impl StreamingServer {
             tokens: Mutex::new(HashMap::new()),
         });
         let s = server.clone();
+        let limits = ConnLimits::new(&s.cfg);
         tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(5);
             loop {
                 let (tcp, peer) = match listener.accept().await {
-                    Ok(c) => c,
+                    Ok(c) => {
+                        backoff = Duration::from_millis(5);
+                        c
+                    }
                     Err(e) => {
-                        // Out of fds or similar: back off instead of spinning.
+                        // Out of fds or similar: back off (up to a second) instead of spinning.
                         tracing::warn!(error = %e, "streaming server cannot accept");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(1));
                         continue;
                     }
                 };
+                let Some(slot) = limits.admit(peer.ip()) else {
+                    tracing::debug!(%peer, "streaming connection over the cap; closed");
+                    drop(tcp);
+                    continue;
+                };
                 let (s, tls) = (s.clone(), tls.clone());
+                let header_timeout = s_header_timeout(&s);
                 tokio::spawn(async move {
+                    let _slot = slot;
                     let svc = hyper::service::service_fn(move |req| {
                         let s = s.clone();
                         async move { Ok::<_, std::convert::Infallible>(s.handle(req).await) }
                     });
-                    let http = hyper::server::conn::http1::Builder::new();
+                    let mut http = hyper::server::conn::http1::Builder::new();
+                    // Every request header (the first, and any later one on a kept-alive
+                    // connection) must arrive within the timeout: a slow or idle client cannot
+                    // hold a connection.
+                    http.timer(hyper_util::rt::TokioTimer::new())
+                        .header_read_timeout(header_timeout)
+                        .max_buf_size(64 * 1024);
                     let r = match tls {
-                        Some(acceptor) => match tokio::time::timeout(
-                            Duration::from_secs(10),
-                            acceptor.accept(tcp),
-                        )
-                        .await
-                        {
-                            Ok(Ok(stream)) => {
-                                http.serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                                    .with_upgrades()
-                                    .await
+                        Some(acceptor) => {
+                            match tokio::time::timeout(header_timeout, acceptor.accept(tcp)).await {
+                                Ok(Ok(stream)) => {
+                                    http.serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                                        .with_upgrades()
+                                        .await
+                                }
+                                _ => {
+                                    tracing::debug!(%peer, "TLS handshake failed");
+                                    return;
+                                }
                             }
-                            _ => {
-                                tracing::debug!(%peer, "TLS handshake failed");
-                                return;
-                            }
-                        },
+                        }
                         None => {
                             http.serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
                                 .with_upgrades()
@@ -367,7 +398,7 @@ impl StreamingServer {
 
     fn issue(&self, target: Target) -> String {
         let kind = target.kind();
-        let token = crate::validate::new_id()[..32].to_string();
+        let token = crate::validate::random_hex(16);
         let now = Instant::now();
         let mut tokens = lock(&self.tokens);
         tokens.retain(|_, p| p.expires > now);
@@ -390,6 +421,10 @@ impl StreamingServer {
 
     pub fn idle_timeout(&self) -> Duration {
         Duration::from_secs(self.cfg.idle_timeout_secs.max(1))
+    }
+
+    pub fn write_timeout(&self) -> Duration {
+        Duration::from_secs(self.cfg.write_timeout_secs.max(1))
     }
 
     async fn handle(self: Arc<Self>, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
@@ -445,6 +480,77 @@ impl StreamingServer {
     pub(crate) fn pod_netns(&self, sandbox_id: &str) -> Result<Option<PathBuf>> {
         Ok(self.ready_sandbox(sandbox_id)?.netns)
     }
+}
+
+fn s_header_timeout(s: &StreamingServer) -> Duration {
+    Duration::from_secs(s.cfg.header_timeout_secs.max(1))
+}
+
+/// Caps on open connections, in total and per client address. A connection holds its
+/// [`ConnSlot`] until it closes (its session included).
+struct ConnLimits {
+    total: Arc<tokio::sync::Semaphore>,
+    per_ip: Arc<Mutex<HashMap<std::net::IpAddr, usize>>>,
+    max_per_ip: usize,
+}
+
+struct ConnSlot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    ip: std::net::IpAddr,
+    per_ip: Arc<Mutex<HashMap<std::net::IpAddr, usize>>>,
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        let mut m = lock(&self.per_ip);
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
+
+impl ConnLimits {
+    fn new(cfg: &StreamingConfig) -> ConnLimits {
+        let fd_share = fd_limit() / 4;
+        let total = cfg.max_connections.min(fd_share).max(1);
+        if total < cfg.max_connections {
+            tracing::warn!(
+                max_connections = cfg.max_connections,
+                using = total,
+                "streaming connections capped to a quarter of the file descriptor limit"
+            );
+        }
+        ConnLimits {
+            total: Arc::new(tokio::sync::Semaphore::new(total)),
+            per_ip: Arc::new(Mutex::new(HashMap::new())),
+            max_per_ip: cfg.max_connections_per_ip.max(1),
+        }
+    }
+
+    fn admit(&self, ip: std::net::IpAddr) -> Option<ConnSlot> {
+        let permit = self.total.clone().try_acquire_owned().ok()?;
+        let mut m = lock(&self.per_ip);
+        let n = m.entry(ip).or_insert(0);
+        if *n >= self.max_per_ip {
+            return None;
+        }
+        *n += 1;
+        Some(ConnSlot {
+            _permit: permit,
+            ip,
+            per_ip: self.per_ip.clone(),
+        })
+    }
+}
+
+/// The soft limit on open file descriptors of this process.
+pub fn fd_limit() -> usize {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft as usize)
+        .unwrap_or(1024)
 }
 
 /// Which streams a session may ask for: at least one, and no stderr beside a terminal.

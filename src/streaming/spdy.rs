@@ -15,10 +15,11 @@ use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress};
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore};
 
-use super::exec::{self, Streams, TermSize};
+use super::exec::{self, Inbound, InboundTx, Streams, TermSize};
 use super::{header_values, text, StreamingServer, Target};
+use crate::lock;
 
 #[path = "spdy_dict.rs"]
 mod dict;
@@ -134,8 +135,10 @@ impl HeaderCodec {
     pub fn decode(&mut self, block: &[u8]) -> Result<Vec<(String, String)>, String> {
         let mut out = Vec::with_capacity(block.len() * 4 + 64);
         let start = self.inflate.total_in();
+        let mut dictionary_set = false;
         loop {
             let consumed = (self.inflate.total_in() - start) as usize;
+            let consumed_before = consumed;
             if out.capacity() - out.len() < 256 {
                 out.reserve(1024);
             }
@@ -145,10 +148,11 @@ impl HeaderCodec {
                 .decompress_vec(&block[consumed..], &mut out, FlushDecompress::Sync)
             {
                 Ok(_) => {}
-                Err(e) if e.needs_dictionary().is_some() => {
+                Err(e) if e.needs_dictionary().is_some() && !dictionary_set => {
                     self.inflate
                         .set_dictionary(DICTIONARY)
                         .map_err(|e| format!("header dictionary: {e}"))?;
+                    dictionary_set = true;
                     continue;
                 }
                 Err(e) => return Err(format!("header block: {e}")),
@@ -159,6 +163,11 @@ impl HeaderCodec {
             }
             if out.len() == before && consumed == block.len() {
                 break;
+            }
+            // No progress with input left (bytes after the end of the zlib stream, say): a
+            // client's garbage must not spin us.
+            if out.len() == before && consumed == consumed_before {
+                return Err("header block: data the decompressor does not take".into());
             }
             if out.len() > 1 << 20 {
                 return Err("header block too large".into());
@@ -219,10 +228,16 @@ pub enum Frame {
 }
 
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Frame> {
+    read_frame_max(r, MAX_FRAME).await
+}
+
+/// Reads one frame of at most `max` payload bytes (a longer one is an error: the frame is
+/// never buffered).
+pub async fn read_frame_max<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> std::io::Result<Frame> {
     let mut h = [0u8; 8];
     r.read_exact(&mut h).await?;
     let len = u32::from_be_bytes([0, h[5], h[6], h[7]]) as usize;
-    if len > MAX_FRAME {
+    if len > max.min(MAX_FRAME) {
         return Err(std::io::Error::other("frame too large"));
     }
     let mut body = vec![0u8; len];
@@ -327,30 +342,181 @@ pub fn accept(
 struct Opened {
     id: u32,
     headers: HashMap<String, String>,
-    inbound: mpsc::Receiver<Bytes>,
+    inbound: Inbound,
+}
+
+/// Send-side flow control. Our sends are always counted against the peer's windows (64 KiB
+/// per stream and per session to start with, SPDY/3.1); they are held to them only once the
+/// peer has shown it does flow control by sending a WINDOW_UPDATE (Go's spdystream, which
+/// kubelet and kubectl use, never does; for such peers the session's byte budget is the bound).
+struct Flow {
+    active: bool,
+    initial: i64,
+    session: i64,
+    streams: HashMap<u32, i64>,
+}
+
+struct OutShared {
+    tx: mpsc::Sender<(Vec<u8>, u32)>,
+    /// Bytes of frames queued for the writer: every sender waits for room.
+    budget: Arc<Semaphore>,
+    flow: std::sync::Mutex<Flow>,
+    flow_changed: Notify,
+    /// Set when the session is over (the writer failed or stalled, or the reader ended).
+    dead: Arc<watch::Sender<bool>>,
+    /// Streams the client opened that are not closed yet (capped).
+    live: std::sync::Mutex<HashMap<u32, (bool, bool)>>,
 }
 
 /// Outbound side shared by tasks: frames go through one writer task in order.
 #[derive(Clone)]
-struct Out {
-    tx: mpsc::UnboundedSender<Vec<u8>>,
-    activity: Arc<AtomicU64>,
-}
+struct Out(Arc<OutShared>);
 
 impl Out {
-    fn send(&self, frame: Vec<u8>) -> bool {
-        self.activity.fetch_add(1, Ordering::Relaxed);
-        self.tx.send(frame).is_ok()
+    /// Queues a frame; waits for room in the session's budget. False once the session is over.
+    async fn send(&self, frame: Vec<u8>) -> bool {
+        let n = frame.len().min(OUT_BUDGET) as u32;
+        let mut dead = self.0.dead.subscribe();
+        let permit = tokio::select! {
+            p = self.0.budget.acquire_many(n) => p,
+            _ = dead.wait_for(|d| *d) => return false,
+        };
+        let Ok(p) = permit else { return false };
+        p.forget();
+        if self.0.tx.send((frame, n)).await.is_err() {
+            self.0.budget.add_permits(n as usize);
+            return false;
+        }
+        true
     }
-    fn data(&self, stream: u32, payload: &[u8]) -> bool {
-        payload
-            .chunks(64 * 1024)
-            .all(|c| self.send(data(stream, 0, c)))
+
+    /// Sends `payload` on `stream` in frames of at most [`DATA_CHUNK`] bytes, within the
+    /// peer's windows when it does flow control.
+    async fn data(&self, stream: u32, payload: &[u8]) -> bool {
+        let mut rest = payload;
+        while !rest.is_empty() {
+            let Some(n) = self.window(stream, rest.len().min(DATA_CHUNK)).await else {
+                return false;
+            };
+            if !self.send(data(stream, 0, &rest[..n])).await {
+                return false;
+            }
+            rest = &rest[n..];
+        }
+        true
     }
-    fn fin(&self, stream: u32) -> bool {
-        self.send(data(stream, FLAG_FIN, &[]))
+
+    /// Takes up to `want` bytes of send window for `stream` (waiting while it is closed and
+    /// the peer does flow control); `None` once the session is over.
+    async fn window(&self, stream: u32, want: usize) -> Option<usize> {
+        let mut dead = self.0.dead.subscribe();
+        loop {
+            let changed = self.0.flow_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut f = lock(&self.0.flow);
+                let initial = f.initial;
+                let w = *f.streams.entry(stream).or_insert(initial);
+                let open = w.min(f.session);
+                if !f.active || open > 0 {
+                    let take = if f.active {
+                        (open as usize).min(want)
+                    } else {
+                        want
+                    };
+                    *f.streams.entry(stream).or_insert(initial) -= take as i64;
+                    f.session -= take as i64;
+                    return Some(take);
+                }
+            }
+            tokio::select! {
+                _ = &mut changed => {}
+                _ = dead.wait_for(|d| *d) => return None,
+            }
+        }
+    }
+
+    /// The peer opened `delta` more bytes of window on `stream` (0 = the session).
+    fn window_update(&self, stream: u32, delta: u32) {
+        let mut f = lock(&self.0.flow);
+        f.active = true;
+        let delta = i64::from(delta & 0x7fff_ffff);
+        if stream == 0 {
+            f.session = (f.session + delta).min(i64::from(i32::MAX));
+        } else {
+            let initial = f.initial;
+            let w = f.streams.entry(stream).or_insert(initial);
+            *w = (*w + delta).min(i64::from(i32::MAX));
+        }
+        drop(f);
+        self.0.flow_changed.notify_waiters();
+    }
+
+    /// SETTINGS: a new initial window size applies to every stream's window (SPDY/3.1 §2.6.8).
+    fn settings(&self, body: &[u8]) {
+        let n = be32(body, 0) as usize;
+        let mut f = lock(&self.0.flow);
+        for i in 0..n.min(16) {
+            let at = 4 + i * 8;
+            let id = be32(body, at) & 0x00ff_ffff;
+            if id == 7 {
+                let v = i64::from(be32(body, at + 4) & 0x7fff_ffff);
+                let diff = v - f.initial;
+                f.initial = v;
+                for w in f.streams.values_mut() {
+                    *w += diff;
+                }
+            }
+        }
+        drop(f);
+        self.0.flow_changed.notify_waiters();
+    }
+
+    async fn fin(&self, stream: u32) -> bool {
+        self.closed(stream, false, true);
+        self.send(data(stream, FLAG_FIN, &[])).await
+    }
+
+    async fn rst(&self, stream: u32, status: u32) -> bool {
+        self.closed(stream, true, true);
+        self.send(control(
+            RST_STREAM,
+            0,
+            &[stream.to_be_bytes(), status.to_be_bytes()].concat(),
+        ))
+        .await
+    }
+
+    /// Records a half-close (`by_client`) or full close of a live stream; a stream closed
+    /// both ways no longer counts against the cap.
+    fn closed(&self, stream: u32, by_client: bool, by_us: bool) {
+        let mut live = lock(&self.0.live);
+        if let Some(e) = live.get_mut(&stream) {
+            e.0 |= by_client;
+            e.1 |= by_us;
+            if e.0 && e.1 {
+                live.remove(&stream);
+                lock(&self.0.flow).streams.remove(&stream);
+            }
+        }
+    }
+
+    fn is_dead(&self) -> bool {
+        *self.0.dead.borrow()
     }
 }
+
+/// Most bytes of frames queued for one session's writer.
+const OUT_BUDGET: usize = 512 * 1024;
+/// Most bytes of client data queued for one session's consumers.
+const IN_BUDGET: usize = 1 << 20;
+/// Largest frame accepted from a client (Go clients send at most 32 KiB of data per frame).
+const MAX_FRAME_IN: usize = 1 << 20;
+/// Largest data frame we send.
+const DATA_CHUNK: usize = 32 * 1024;
+/// Streams a client may have open at once in one session (an exec needs five).
+const MAX_STREAMS: usize = 64;
 
 async fn session<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     server: Arc<StreamingServer>,
@@ -359,31 +525,57 @@ async fn session<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     proto: String,
 ) {
     let (mut rd, mut wr) = tokio::io::split(io);
-    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let (tx, mut rx) = mpsc::channel::<(Vec<u8>, u32)>(1024);
     let activity = Arc::new(AtomicU64::new(0));
-    let out = Out {
+    let dead = Arc::new(watch::channel(false).0);
+    let budget = Arc::new(Semaphore::new(OUT_BUDGET));
+    let out = Out(Arc::new(OutShared {
         tx,
-        activity: activity.clone(),
-    };
+        budget: budget.clone(),
+        flow: std::sync::Mutex::new(Flow {
+            active: false,
+            initial: 64 * 1024,
+            session: 64 * 1024,
+            streams: HashMap::new(),
+        }),
+        flow_changed: Notify::new(),
+        dead: dead.clone(),
+        live: std::sync::Mutex::new(HashMap::new()),
+    }));
+    let write_timeout = server.write_timeout();
+    let writer_activity = activity.clone();
     let writer = tokio::spawn(async move {
-        while let Some(f) = rx.recv().await {
-            if wr.write_all(&f).await.is_err() {
-                break;
+        while let Some((f, n)) = rx.recv().await {
+            // A client that stops reading stalls this write: past the write timeout the
+            // session is over (everything queued behind it is bounded by the budget).
+            match tokio::time::timeout(write_timeout, wr.write_all(&f)).await {
+                Ok(Ok(())) => {
+                    writer_activity.fetch_add(1, Ordering::Relaxed);
+                    budget.add_permits(n as usize);
+                }
+                Ok(Err(_)) => break,
+                Err(_) => {
+                    tracing::info!("streaming client stopped reading for {write_timeout:?}; closing the session");
+                    break;
+                }
             }
         }
-        let _ = wr.shutdown().await;
+        let _ = dead.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(1), wr.shutdown()).await;
     });
-    let (opened_tx, opened_rx) = mpsc::unbounded_channel::<Opened>();
+    let (opened_tx, opened_rx) = mpsc::channel::<Opened>(MAX_STREAMS);
     let (gone_tx, gone_rx) = oneshot::channel::<()>();
     let idle = server.idle_timeout();
     let reader_out = out.clone();
+    let in_budget = Arc::new(Semaphore::new(IN_BUDGET));
     let reader = tokio::spawn(async move {
+        let out = reader_out;
         // Frames are read by a task of their own: a timed-out wait for the next one must not
         // abandon a frame half-read (read_frame is not cancel-safe; a channel receive is).
         let (frame_tx, mut frames) = mpsc::channel::<std::io::Result<Frame>>(1);
         let frame_reader = tokio::spawn(async move {
             loop {
-                let f = read_frame(&mut rd).await;
+                let f = read_frame_max(&mut rd, MAX_FRAME_IN).await;
                 let end = f.is_err();
                 if frame_tx.send(f).await.is_err() || end {
                     return;
@@ -391,12 +583,17 @@ async fn session<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             }
         });
         let _stop_reading = AbortOnDrop(frame_reader);
+        let mut dead = out.0.dead.subscribe();
         let mut codec = HeaderCodec::new();
-        let mut inbound: HashMap<u32, mpsc::Sender<Bytes>> = HashMap::new();
+        let mut inbound: HashMap<u32, InboundTx> = HashMap::new();
         let mut last_id = 0u32;
         loop {
             let seen = activity.load(Ordering::Relaxed);
-            let frame = match tokio::time::timeout(idle, frames.recv()).await {
+            let frame = tokio::select! {
+                f = tokio::time::timeout(idle, frames.recv()) => f,
+                _ = dead.wait_for(|d| *d) => break,
+            };
+            let frame = match frame {
                 Ok(Some(Ok(f))) => f,
                 Ok(_) => break,
                 Err(_) if activity.load(Ordering::Relaxed) != seen => continue,
@@ -411,11 +608,7 @@ async fn session<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                     SYN_STREAM => {
                         let id = be32(&body, 0) & 0x7fff_ffff;
                         if id <= last_id || id.is_multiple_of(2) {
-                            reader_out.send(control(
-                                RST_STREAM,
-                                0,
-                                &[id.to_be_bytes(), 1u32.to_be_bytes()].concat(),
-                            ));
+                            out.rst(id, 1).await; // PROTOCOL_ERROR
                             continue;
                         }
                         last_id = id;
@@ -426,33 +619,49 @@ async fn session<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                                 break;
                             }
                         };
-                        let (itx, irx) = mpsc::channel(64);
+                        if lock(&out.0.live).len() >= MAX_STREAMS {
+                            out.rst(id, 3).await; // REFUSED_STREAM
+                            continue;
+                        }
+                        lock(&out.0.live).insert(id, (flags & FLAG_FIN != 0, false));
+                        let (itx, irx) = exec::inbound(&in_budget);
                         if flags & FLAG_FIN == 0 {
                             inbound.insert(id, itx);
                         }
                         // Reply before anything else is sent on it (the client drops data
                         // that arrives before the reply).
                         let nv = codec.encode(&[]);
-                        reader_out.send(control(
+                        out.send(control(
                             SYN_REPLY,
                             0,
                             &[&id.to_be_bytes()[..], &nv].concat(),
-                        ));
-                        let _ = opened_tx.send(Opened {
+                        ))
+                        .await;
+                        let o = Opened {
                             id,
                             headers,
                             inbound: irx,
-                        });
+                        };
+                        if opened_tx.try_send(o).is_err() {
+                            inbound.remove(&id);
+                            out.rst(id, 3).await;
+                        }
                     }
                     RST_STREAM => {
-                        inbound.remove(&(be32(&body, 0) & 0x7fff_ffff));
+                        let id = be32(&body, 0) & 0x7fff_ffff;
+                        inbound.remove(&id);
+                        out.closed(id, true, true);
                     }
                     // Echo the client's (odd) pings.
                     PING if !be32(&body, 0).is_multiple_of(2) => {
-                        reader_out.send(control(PING, 0, &body));
+                        out.send(control(PING, 0, &body)).await;
                     }
+                    WINDOW_UPDATE => {
+                        out.window_update(be32(&body, 0) & 0x7fff_ffff, be32(&body, 4))
+                    }
+                    SETTINGS => out.settings(&body),
                     GOAWAY => break,
-                    _ => {} // SYN_REPLY, SETTINGS, WINDOW_UPDATE, HEADERS: nothing to do
+                    _ => {} // SYN_REPLY, HEADERS: nothing to do
                 },
                 Frame::Data {
                     stream,
@@ -462,22 +671,26 @@ async fn session<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                     if !payload.is_empty() {
                         let n = (payload.len() as u32).to_be_bytes();
                         if let Some(tx) = inbound.get(&stream) {
-                            if tx.send(Bytes::from(payload)).await.is_err() {
+                            // Waits while the session's inbound budget is used up: a client
+                            // that writes faster than the process reads is held back here.
+                            let sent = tokio::select! {
+                                ok = tx.send(Bytes::from(payload)) => ok,
+                                _ = dead.wait_for(|d| *d) => break,
+                            };
+                            if !sent {
                                 inbound.remove(&stream);
                             }
                         }
                         // The data is consumed: open the stream's and the session's windows
                         // again (SPDY/3.1), for peers that do flow control.
                         for id in [stream, 0] {
-                            reader_out.send(control(
-                                WINDOW_UPDATE,
-                                0,
-                                &[id.to_be_bytes(), n].concat(),
-                            ));
+                            out.send(control(WINDOW_UPDATE, 0, &[id.to_be_bytes(), n].concat()))
+                                .await;
                         }
                     }
                     if flags & FLAG_FIN != 0 {
                         inbound.remove(&stream);
+                        out.closed(stream, true, false);
                     }
                 }
             }
@@ -486,6 +699,8 @@ async fn session<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         last_id
     });
 
+    // When the writer gives up on the client, the reader ends too: that is the exec'd
+    // process's `gone` (it is killed) and every stream's end.
     match target.process() {
         Some(p) => run_exec(&server, &out, opened_rx, gone_rx, &proto, &p).await,
         None => {
@@ -496,13 +711,21 @@ async fn session<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     }
     reader.abort();
     let last = reader.await.unwrap_or(0);
-    out.send(control(
-        GOAWAY,
-        0,
-        &[last.to_be_bytes(), 0u32.to_be_bytes()].concat(),
-    ));
+    if !out.is_dead() {
+        let goaway = control(
+            GOAWAY,
+            0,
+            &[last.to_be_bytes(), 0u32.to_be_bytes()].concat(),
+        );
+        let _ = tokio::time::timeout(Duration::from_secs(1), out.send(goaway)).await;
+    }
     drop(out);
-    let _ = writer.await;
+    if tokio::time::timeout(Duration::from_secs(2), writer)
+        .await
+        .is_err()
+    {
+        tracing::debug!("streaming writer did not finish; dropped");
+    }
 }
 
 /// Aborts a task when dropped (also when the task holding it is aborted).
@@ -515,7 +738,7 @@ impl Drop for AbortOnDrop {
 }
 
 /// Newline-separated (or concatenated) JSON terminal sizes.
-fn resize_stream(mut inbound: mpsc::Receiver<Bytes>) -> mpsc::Receiver<TermSize> {
+fn resize_stream(mut inbound: Inbound) -> mpsc::Receiver<TermSize> {
     let (tx, rx) = mpsc::channel(8);
     tokio::spawn(async move {
         let mut buf = Vec::new();
@@ -530,6 +753,9 @@ fn resize_stream(mut inbound: mpsc::Receiver<Bytes>) -> mpsc::Receiver<TermSize>
                 }
             }
             buf.drain(..used);
+            if buf.len() > 4096 {
+                return; // not terminal sizes
+            }
         }
     });
     rx
@@ -537,11 +763,11 @@ fn resize_stream(mut inbound: mpsc::Receiver<Bytes>) -> mpsc::Receiver<TermSize>
 
 /// Forwards a channel of output to a stream's data frames.
 fn forward(out: &Out, stream: u32) -> (mpsc::Sender<Bytes>, tokio::task::JoinHandle<()>) {
-    let (tx, mut rx) = mpsc::channel::<Bytes>(16);
+    let (tx, mut rx) = mpsc::channel::<Bytes>(2);
     let out = out.clone();
     let t = tokio::spawn(async move {
         while let Some(b) = rx.recv().await {
-            if !out.data(stream, &b) {
+            if !out.data(stream, &b).await {
                 break;
             }
         }
@@ -552,7 +778,7 @@ fn forward(out: &Out, stream: u32) -> (mpsc::Sender<Bytes>, tokio::task::JoinHan
 async fn run_exec(
     server: &StreamingServer,
     out: &Out,
-    mut opened: mpsc::UnboundedReceiver<Opened>,
+    mut opened: mpsc::Receiver<Opened>,
     gone: oneshot::Receiver<()>,
     proto: &str,
     p: &super::Process,
@@ -572,8 +798,11 @@ async fn run_exec(
                 if matches!(
                     t.as_str(),
                     "error" | "stdin" | "stdout" | "stderr" | "resize"
-                ) {
+                ) && !streams.contains_key(&t)
+                {
                     streams.insert(t, o);
+                } else {
+                    out.rst(o.id, 3).await;
                 }
             }
             _ => {
@@ -585,6 +814,13 @@ async fn run_exec(
             }
         }
     }
+    // Streams opened after the ones the session needs are refused.
+    let refuse_out = out.clone();
+    let refuser = AbortOnDrop(tokio::spawn(async move {
+        while let Some(o) = opened.recv().await {
+            refuse_out.rst(o.id, 3).await;
+        }
+    }));
     let err_id = streams.get("error").map(|o| o.id);
     let mut forwards = Vec::new();
     let mut ids = Vec::new();
@@ -609,22 +845,23 @@ async fn run_exec(
     for t in forwards {
         let _ = t.await;
     }
+    drop(refuser);
     if let Some(e) = err_id {
         let msg = super::final_status(v4, &outcome);
         if !msg.is_empty() {
-            out.data(e, &msg);
+            out.data(e, &msg).await;
         }
-        out.fin(e);
+        out.fin(e).await;
     }
     for id in ids {
-        out.fin(id);
+        out.fin(id).await;
     }
 }
 
 async fn run_portforward(
     server: &StreamingServer,
     out: &Out,
-    mut opened: mpsc::UnboundedReceiver<Opened>,
+    mut opened: mpsc::Receiver<Opened>,
     sandbox_id: &str,
 ) {
     let netns = match server.pod_netns(sandbox_id) {
@@ -634,7 +871,8 @@ async fn run_portforward(
             return;
         }
     };
-    // Pairs of (error, data) streams by request id.
+    // Pairs of (error, data) streams by request id; unpaired ones are bounded by the
+    // session's stream cap.
     let mut pending: HashMap<String, (Option<Opened>, Option<Opened>)> = HashMap::new();
     let mut tasks = Vec::new();
     while let Some(o) = opened.recv().await {
@@ -645,18 +883,17 @@ async fn run_portforward(
             .unwrap_or_else(|| o.id.to_string());
         let typ = o.headers.get("streamtype").cloned().unwrap_or_default();
         if typ != "error" && typ != "data" {
-            out.send(control(
-                RST_STREAM,
-                0,
-                &[o.id.to_be_bytes(), 1u32.to_be_bytes()].concat(),
-            ));
+            out.rst(o.id, 1).await;
             continue;
         }
         let entry = pending.entry(req.clone()).or_default();
-        if typ == "error" {
-            entry.0 = Some(o);
+        let slot = if typ == "error" {
+            &mut entry.0
         } else {
-            entry.1 = Some(o);
+            &mut entry.1
+        };
+        if let Some(dup) = slot.replace(o) {
+            out.rst(dup.id, 1).await;
         }
         if let (Some(_), Some(_)) = (&entry.0, &entry.1) {
             let Some((Some(err), Some(data))) = pending.remove(&req) else {
@@ -668,19 +905,21 @@ async fn run_portforward(
                 .and_then(|p| p.parse::<u16>().ok())
                 .filter(|p| *p > 0);
             let (out, netns, sandbox_id) = (out.clone(), netns.clone(), sandbox_id.to_string());
+            tasks.retain(|t: &tokio::task::JoinHandle<()>| !t.is_finished());
             tasks.push(tokio::spawn(async move {
                 let Some(port) = port else {
-                    out.data(err.id, b"invalid or missing port header");
-                    out.fin(err.id);
-                    out.fin(data.id);
+                    out.data(err.id, b"invalid or missing port header").await;
+                    out.fin(err.id).await;
+                    out.fin(data.id).await;
                     return;
                 };
                 match exec::connect_in_netns(netns, port).await {
                     Ok(tcp) => {
                         let id = data.id;
-                        exec::pump(tcp, data.inbound, |b| {
-                            let ok = out.data(id, &b);
-                            async move { ok }
+                        let o = out.clone();
+                        exec::pump(tcp, data.inbound, move |b| {
+                            let o = o.clone();
+                            async move { o.data(id, &b).await }
                         })
                         .await
                     }
@@ -689,11 +928,11 @@ async fn run_portforward(
                             "closeConnection": true,
                             "message": format!("error forwarding port {port} to pod {sandbox_id}: {e}"),
                         });
-                        out.data(err.id, format!("{msg}\n").as_bytes());
+                        out.data(err.id, format!("{msg}\n").as_bytes()).await;
                     }
                 }
-                out.fin(err.id);
-                out.fin(data.id);
+                out.fin(err.id).await;
+                out.fin(data.id).await;
             }));
         }
     }
@@ -738,6 +977,22 @@ mod tests {
             c.decode(&block).unwrap(),
             vec![("streamtype".to_string(), "error".to_string())]
         );
+    }
+
+    #[test]
+    fn garbage_after_the_stream_does_not_spin() {
+        // Found by the fuzzer: a finished zlib stream followed by more bytes made the decoder
+        // loop forever without progress.
+        let mut c = Compress::new(Compression::default(), true);
+        c.set_dictionary(DICTIONARY).unwrap();
+        let mut block = Vec::with_capacity(256);
+        c.compress_vec(&[0, 0, 0, 0], &mut block, FlushCompress::Finish)
+            .unwrap();
+        block.extend_from_slice(b"trailing garbage");
+        let t = std::time::Instant::now();
+        let r = HeaderCodec::new().decode(&block);
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        assert!(r.is_err(), "{r:?}");
     }
 
     #[test]

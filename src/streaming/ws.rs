@@ -14,7 +14,7 @@ use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio_tungstenite::tungstenite::protocol::{Message, Role};
 use tokio_tungstenite::WebSocketStream;
 
@@ -95,7 +95,8 @@ pub fn accept(
         match hyper::upgrade::on(req).await {
             Ok(up) => {
                 let io = hyper_util::rt::TokioIo::new(up);
-                let ws = WebSocketStream::from_raw_socket(io, Role::Server, None).await;
+                let ws =
+                    WebSocketStream::from_raw_socket(io, Role::Server, Some(ws_config())).await;
                 match (target.process(), target) {
                     (Some(p), _) => run_exec(&server, ws, &proto, &p).await,
                     (None, Target::PortForward { sandbox_id, ports }) => {
@@ -111,6 +112,20 @@ pub fn accept(
     resp
 }
 
+/// Bounds on what one client message may cost us (Kubernetes clients send stdin and port data
+/// in chunks of at most 32 KiB).
+fn ws_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
+    tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .max_message_size(Some(MAX_MESSAGE))
+        .max_frame_size(Some(MAX_MESSAGE))
+        .max_write_buffer_size(4 * MAX_MESSAGE)
+}
+
+/// Largest message accepted from a client.
+const MAX_MESSAGE: usize = 1 << 20;
+/// Most bytes of client data queued for one session's consumers.
+const IN_BUDGET: usize = 1 << 20;
+
 fn encode(b64: bool, channel: u8, payload: &[u8]) -> Message {
     if b64 {
         let mut s = String::with_capacity(1 + payload.len() * 4 / 3 + 4);
@@ -123,6 +138,17 @@ fn encode(b64: bool, channel: u8, payload: &[u8]) -> Message {
         v.extend_from_slice(payload);
         Message::binary(v)
     }
+}
+
+/// `(channel, payload)` of a client message given as raw bytes (`text` for a text frame):
+/// what the fuzzer drives.
+pub fn decode_frame(b64: bool, text: bool, data: &[u8]) -> Option<(u8, Vec<u8>)> {
+    let m = if text {
+        Message::text(String::from_utf8_lossy(data).into_owned())
+    } else {
+        Message::binary(data.to_vec())
+    };
+    decode(b64, m)
 }
 
 /// `(channel, payload)` of an incoming message; `None` for control or malformed ones.
@@ -145,36 +171,51 @@ type Ws = WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
 
 /// The writer task: sends what arrives on the returned channel in order, counting each message
 /// as activity for the idle timeout (traffic either way keeps a session alive, as in SPDY), and
-/// closes the socket when the channel ends.
+/// closes the socket when the channel ends. A send that stalls past `write_timeout` (the
+/// client stopped reading) ends the session: `dead` is set.
 fn spawn_writer(
     mut sink: SplitSink<Ws, Message>,
     cap: usize,
     activity: Arc<AtomicU64>,
+    write_timeout: Duration,
+    dead: Arc<watch::Sender<bool>>,
 ) -> (mpsc::Sender<Message>, tokio::task::JoinHandle<()>) {
     let (tx, mut rx) = mpsc::channel::<Message>(cap);
     let task = tokio::spawn(async move {
         while let Some(m) = rx.recv().await {
-            activity.fetch_add(1, Ordering::Relaxed);
-            if sink.send(m).await.is_err() {
-                return;
+            match tokio::time::timeout(write_timeout, sink.send(m)).await {
+                Ok(Ok(())) => {
+                    activity.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Err(_)) => break,
+                Err(_) => {
+                    tracing::info!("streaming client stopped reading for {write_timeout:?}; closing the session");
+                    break;
+                }
             }
         }
-        let _ = sink.close().await;
+        let _ = dead.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
     });
     (tx, task)
 }
 
-/// The client's next channel message; `None` once it closes or fails, or after `idle` without
-/// traffic in either direction.
+/// The client's next channel message; `None` once it closes or fails, after `idle` without
+/// traffic in either direction, or once the writer gave up (`dead`).
 async fn next_msg(
     stream: &mut SplitStream<Ws>,
     idle: Duration,
     activity: &AtomicU64,
     b64: bool,
+    dead: &mut watch::Receiver<bool>,
 ) -> Option<(u8, Vec<u8>)> {
     loop {
         let seen = activity.load(Ordering::Relaxed);
-        match tokio::time::timeout(idle, stream.next()).await {
+        let next = tokio::select! {
+            n = tokio::time::timeout(idle, stream.next()) => n,
+            _ = dead.wait_for(|d| *d) => return None,
+        };
+        match next {
             Ok(Some(Ok(m))) => {
                 activity.fetch_add(1, Ordering::Relaxed);
                 if m.is_close() {
@@ -201,7 +242,14 @@ async fn run_exec(server: &StreamingServer, ws: Ws, proto: &str, p: &super::Proc
     let v4 = v5 || proto.starts_with("v4.");
     let (sink, mut stream) = ws.split();
     let activity = Arc::new(AtomicU64::new(0));
-    let (out_tx, writer) = spawn_writer(sink, 32, activity.clone());
+    let dead = Arc::new(watch::channel(false).0);
+    let (out_tx, writer) = spawn_writer(
+        sink,
+        8,
+        activity.clone(),
+        server.write_timeout(),
+        dead.clone(),
+    );
     // Opened: one empty message on the lowest channel the server writes.
     let first = if want_out {
         1
@@ -212,17 +260,19 @@ async fn run_exec(server: &StreamingServer, ws: Ws, proto: &str, p: &super::Proc
     };
     let _ = out_tx.send(encode(b64, first, &[])).await;
 
-    let (stdin_tx, stdin_rx) = mpsc::channel::<Bytes>(64);
+    let (stdin_tx, stdin_rx) = exec::inbound(&Arc::new(Semaphore::new(IN_BUDGET)));
     let (resize_tx, resize_rx) = mpsc::channel::<TermSize>(8);
     let (gone_tx, gone_rx) = oneshot::channel::<()>();
     let idle = server.idle_timeout();
+    let mut dead_rx = dead.subscribe();
     let reader = tokio::spawn(async move {
         let mut stdin_tx = Some(stdin_tx);
-        while let Some((ch, data)) = next_msg(&mut stream, idle, &activity, b64).await {
+        while let Some((ch, data)) = next_msg(&mut stream, idle, &activity, b64, &mut dead_rx).await
+        {
             match ch {
                 0 => {
                     if let Some(tx) = &stdin_tx {
-                        if tx.send(Bytes::from(data)).await.is_err() {
+                        if !tx.send(Bytes::from(data)).await {
                             stdin_tx = None;
                         }
                     }
@@ -246,7 +296,7 @@ async fn run_exec(server: &StreamingServer, ws: Ws, proto: &str, p: &super::Proc
         let _ = gone_tx.send(());
     });
     let fwd = |ch: u8| {
-        let (tx, mut rx) = mpsc::channel::<Bytes>(16);
+        let (tx, mut rx) = mpsc::channel::<Bytes>(2);
         let out = out_tx.clone();
         let t = tokio::spawn(async move {
             while let Some(b) = rx.recv().await {
@@ -313,7 +363,15 @@ async fn run_portforward(
         return;
     }
     let activity = Arc::new(AtomicU64::new(0));
-    let (out_tx, writer) = spawn_writer(sink, 64, activity.clone());
+    let dead = Arc::new(watch::channel(false).0);
+    let (out_tx, writer) = spawn_writer(
+        sink,
+        16,
+        activity.clone(),
+        server.write_timeout(),
+        dead.clone(),
+    );
+    let budget = Arc::new(Semaphore::new(IN_BUDGET));
     let mut inbound = Vec::new();
     let mut tasks = Vec::new();
     for (i, port) in ports.iter().enumerate() {
@@ -321,7 +379,7 @@ async fn run_portforward(
         for ch in [data_ch, err_ch] {
             let _ = out_tx.send(encode(b64, ch, &port.to_le_bytes())).await;
         }
-        let (tx, rx) = mpsc::channel::<Bytes>(64);
+        let (tx, rx) = exec::inbound(&budget);
         inbound.push(tx);
         let (out, netns, port, sandbox_id) =
             (out_tx.clone(), netns.clone(), *port, sandbox_id.to_string());
@@ -342,13 +400,15 @@ async fn run_portforward(
         }));
     }
     let idle = server.idle_timeout();
+    let mut dead_rx = dead.subscribe();
     let reader = tokio::spawn(async move {
-        let mut inbound: Vec<Option<mpsc::Sender<Bytes>>> = inbound.into_iter().map(Some).collect();
-        while let Some((ch, data)) = next_msg(&mut stream, idle, &activity, b64).await {
+        let mut inbound: Vec<Option<exec::InboundTx>> = inbound.into_iter().map(Some).collect();
+        while let Some((ch, data)) = next_msg(&mut stream, idle, &activity, b64, &mut dead_rx).await
+        {
             let i = (ch / 2) as usize;
             if ch % 2 == 0 {
                 if let Some(Some(tx)) = inbound.get(i) {
-                    if tx.send(Bytes::from(data)).await.is_err() {
+                    if !tx.send(Bytes::from(data)).await {
                         inbound[i] = None;
                     }
                 }

@@ -71,17 +71,74 @@ pub fn layer_tar() -> Vec<u8> {
 }
 
 fn config(layer: &[u8], cmd: &[&str]) -> Vec<u8> {
+    config_of(&[layer], cmd)
+}
+
+fn config_of(layers: &[&[u8]], cmd: &[&str]) -> Vec<u8> {
+    let diff_ids: Vec<String> = layers.iter().map(|l| sha(l)).collect();
     serde_json::to_vec(&serde_json::json!({
         "architecture": "amd64", "os": "linux",
         "config": {"Cmd": cmd, "Env": ["PATH=/bin", "IMAGE_VAR=from-image"], "WorkingDir": "/"},
-        "rootfs": {"type": "layers", "diff_ids": [sha(layer)]},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
     }))
     .unwrap()
 }
 
+/// One entry of a hand-made layer.
+pub enum Entry<'a> {
+    File(&'a str, &'a [u8]),
+    Fifo(&'a str),
+    Symlink(&'a str, &'a str),
+    /// Raw header name (for names the tar builder refuses, such as whiteouts of `..`).
+    RawFile(&'a [u8]),
+}
+
+/// An uncompressed layer tar of `entries`.
+pub fn layer_of(entries: &[Entry]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for e in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o644);
+        h.set_size(0);
+        match e {
+            Entry::File(p, data) => {
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_size(data.len() as u64);
+                b.append_data(&mut h, p, *data).unwrap();
+            }
+            Entry::Fifo(p) => {
+                h.set_entry_type(tar::EntryType::Fifo);
+                b.append_data(&mut h, p, &[][..]).unwrap();
+            }
+            Entry::Symlink(p, target) => {
+                h.set_entry_type(tar::EntryType::Symlink);
+                b.append_link(&mut h, p, target).unwrap();
+            }
+            Entry::RawFile(name) => {
+                let mut h = tar::Header::new_old();
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_size(0);
+                h.set_mode(0o644);
+                h.as_old_mut().name[..name.len()].copy_from_slice(name);
+                h.set_cksum();
+                b.append(&h, &[][..]).unwrap();
+            }
+        }
+    }
+    b.into_inner().unwrap()
+}
+
 /// Writes an OCI image layout of busybox named `name` under `dir`; returns the layout dir.
 pub fn oci_layout(dir: &Path, name: &str) -> PathBuf {
-    let layout = dir.join("busybox-oci");
+    oci_layout_with(dir, name, &[])
+}
+
+/// An OCI image layout of busybox with `extra` layers (uncompressed tars) on top.
+pub fn oci_layout_with(dir: &Path, name: &str, extra: &[Vec<u8>]) -> PathBuf {
+    let layout = dir.join(format!(
+        "oci-{}",
+        name.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
+    ));
     let blobs = layout.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).unwrap();
     let put = |data: &[u8]| {
@@ -93,11 +150,21 @@ pub fn oci_layout(dir: &Path, name: &str) -> PathBuf {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     std::io::Write::write_all(&mut gz, &layer).unwrap();
     let (ld, ls) = put(&gz.finish().unwrap());
-    let (cd, cs) = put(&config(&layer, &["sh"]));
+    let mut descs = vec![
+        serde_json::json!({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": ld, "size": ls}),
+    ];
+    for l in extra {
+        let (d, s) = put(l);
+        descs.push(serde_json::json!({"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": d, "size": s}));
+    }
+    let all: Vec<&[u8]> = std::iter::once(layer.as_slice())
+        .chain(extra.iter().map(Vec::as_slice))
+        .collect();
+    let (cd, cs) = put(&config_of(&all, &["sh"]));
     let manifest = serde_json::to_vec(&serde_json::json!({
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": cs},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": ld, "size": ls}],
+        "layers": descs,
     }))
     .unwrap();
     let (md, ms) = put(&manifest);

@@ -5,6 +5,10 @@
 #![allow(dead_code)]
 
 pub mod busybox;
+pub mod chaos;
+pub mod cri;
+pub mod daemon;
+pub mod fake_registry;
 pub mod registry;
 pub mod spdy;
 
@@ -35,13 +39,13 @@ pub fn sh_ok(cmd: &str) -> (bool, String) {
     )
 }
 
-fn shim(name: &str) -> PathBuf {
-    let var = if name == "sandboxd-monitor" {
-        "SANDBOXD_MONITOR"
-    } else {
-        "SANDBOXD_PAUSE"
+pub fn shim(name: &str) -> PathBuf {
+    let var = match name {
+        "sandboxd-monitor" => "SANDBOXD_MONITOR",
+        "sandboxd-pause" => "SANDBOXD_PAUSE",
+        _ => "",
     };
-    if let Some(p) = std::env::var_os(var) {
+    if let Some(p) = std::env::var_os(var).filter(|_| !var.is_empty()) {
         return PathBuf::from(p);
     }
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -257,11 +261,12 @@ impl Env {
             );
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        for h in ["runc", "crun"] {
+        for h in ["runc", "crun", "runsc"] {
             let root = self.runtime_root(h);
+            // runc/crun: a dir per container; runsc: `<sandbox>_sandbox:<container>.state`.
             let left: Vec<_> = list_names(&root)
                 .into_iter()
-                .filter(|n| n.len() == 64)
+                .filter(|n| n.len() == 64 || n.ends_with(".state"))
                 .collect();
             assert!(left.is_empty(), "{h} containers left: {left:?}");
         }
@@ -322,7 +327,8 @@ pub fn addrs_in(ns: &Path, ifname: &str) -> String {
 }
 
 fn cleanup_base(base: &Path) {
-    // Containers of any runtime under this base.
+    // Containers of any runtime under this base (runsc's are gone with their processes:
+    // its state files go with the base).
     for h in ["runc", "crun"] {
         let root = base.join("root/runtime").join(h);
         for id in list_names(&root) {
@@ -352,13 +358,16 @@ impl Drop for Env {
     fn drop(&mut self) {
         // Kill monitors of this base that a failed test may have left (their containers are
         // deleted below); then everything else.
-        let _ = Command::new("pkill")
-            .args([
-                "-KILL",
-                "-f",
-                &format!("--runtime-root {}", self.base.display()),
-            ])
-            .output();
+        // (`--` ends pkill's options: the patterns start with dashes.) runsc's sandbox and
+        // gofer processes name their root as `--root=<dir>`.
+        for pattern in [
+            format!("--runtime-root {}", self.base.display()),
+            format!("--root={}", self.base.display()),
+        ] {
+            let _ = Command::new("pkill")
+                .args(["-KILL", "-f", "--", &pattern])
+                .output();
+        }
         cleanup_base(&self.base);
         let mut left = cgroups_under(&self.cfg.cgroup_parent);
         left.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));

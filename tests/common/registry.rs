@@ -80,33 +80,117 @@ impl Registry {
     pub fn push_busybox(&self, repo: &str, tag: &str, user: Option<(&str, &str)>) -> String {
         let (layer, config) = super::busybox::gzip_layer_and_config();
         let digest = super::busybox::sha(&layer);
-        let client = oci_client::Client::new(oci_client::client::ClientConfig {
-            protocol: if self.tls {
-                oci_client::client::ClientProtocol::Https
-            } else {
-                oci_client::client::ClientProtocol::Http
-            },
-            accept_invalid_certificates: self.tls, // the test's own self-signed registry
-            ..Default::default()
-        });
-        let r = oci_client::Reference::with_tag(self.addr.clone(), repo.into(), tag.into());
-        let auth = match user {
-            Some((u, p)) => oci_client::secrets::RegistryAuth::Basic(u.into(), p.into()),
-            None => oci_client::secrets::RegistryAuth::Anonymous,
-        };
+        self.push_image(repo, tag, user, &[layer], &config);
+        digest
+    }
+
+    /// Pushes an image of gzip `layers` (as pushed) and `config` as `<repo>:<tag>`; returns
+    /// the manifest's digest.
+    pub fn push_image(
+        &self,
+        repo: &str,
+        tag: &str,
+        user: Option<(&str, &str)>,
+        layers: &[Vec<u8>],
+        config: &[u8],
+    ) -> String {
+        let mut descs = Vec::new();
+        for l in layers {
+            self.push_blob(repo, user, l);
+            descs.push(serde_json::json!({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": super::busybox::sha(l), "size": l.len()}));
+        }
+        self.push_blob(repo, user, config);
+        let manifest = serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": super::busybox::sha(config), "size": config.len()},
+            "layers": descs,
+        }))
+        .unwrap();
+        self.push_manifest(
+            repo,
+            tag,
+            user,
+            &manifest,
+            "application/vnd.oci.image.manifest.v1+json",
+        );
+        super::busybox::sha(&manifest)
+    }
+
+    fn client(&self) -> (reqwest::Client, String) {
+        let c = reqwest::Client::builder()
+            // The test's own self-signed registry.
+            .tls_danger_accept_invalid_certs(self.tls)
+            .no_proxy()
+            .build()
+            .unwrap();
+        let base = format!(
+            "{}://{}",
+            if self.tls { "https" } else { "http" },
+            self.addr
+        );
+        (c, base)
+    }
+
+    fn run<T>(f: impl std::future::Future<Output = T>) -> T {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap()
-            .block_on(client.push(
-                &r,
-                &[oci_client::client::ImageLayer::oci_v1_gzip(layer, None)],
-                oci_client::client::Config::oci_v1(config, None),
-                &auth,
-                None,
-            ))
-            .unwrap();
-        digest
+            .block_on(f)
+    }
+
+    /// Uploads a blob (monolithic upload).
+    pub fn push_blob(&self, repo: &str, user: Option<(&str, &str)>, data: &[u8]) {
+        let (c, base) = self.client();
+        let auth = |r: reqwest::RequestBuilder| match user {
+            Some((u, p)) => r.basic_auth(u, Some(p)),
+            None => r,
+        };
+        Self::run(async {
+            let r = auth(c.post(format!("{base}/v2/{repo}/blobs/uploads/")))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 202, "start upload: {r:?}");
+            let loc = r.headers()["location"].to_str().unwrap().to_string();
+            let url = if loc.starts_with("http") {
+                loc
+            } else {
+                format!("{base}{loc}")
+            };
+            let sep = if url.contains('?') { '&' } else { '?' };
+            let r = auth(c.put(format!("{url}{sep}digest={}", super::busybox::sha(data))))
+                .header("content-type", "application/octet-stream")
+                .body(data.to_vec())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 201, "upload: {:?}", r.text().await);
+        })
+    }
+
+    /// Puts a manifest (any bytes) under `reference`.
+    pub fn push_manifest(
+        &self,
+        repo: &str,
+        reference: &str,
+        user: Option<(&str, &str)>,
+        body: &[u8],
+        media_type: &str,
+    ) {
+        let (c, base) = self.client();
+        Self::run(async {
+            let mut r = c
+                .put(format!("{base}/v2/{repo}/manifests/{reference}"))
+                .header("content-type", media_type)
+                .body(body.to_vec());
+            if let Some((u, p)) = user {
+                r = r.basic_auth(u, Some(p));
+            }
+            let r = r.send().await.unwrap();
+            assert_eq!(r.status().as_u16(), 201, "manifest: {:?}", r.text().await);
+        })
     }
 
     /// How many times the registry served `GET .../blobs/<digest>`.

@@ -177,6 +177,27 @@ impl Client {
         self.write(&f);
     }
 
+    /// Opens `delta` more bytes of our receive window on `stream` (0 = the session).
+    pub fn window_update(&mut self, stream: u32, delta: u32) {
+        let mut body = stream.to_be_bytes().to_vec();
+        body.extend_from_slice(&delta.to_be_bytes());
+        let f = Self::control(9, 0, &body);
+        self.write(&f);
+    }
+
+    /// Sets how long a read may block (`None`: forever).
+    pub fn read_timeout(&self, t: Option<Duration>) {
+        self.tcp.set_read_timeout(t).unwrap();
+    }
+
+    /// Reads frames until one takes longer than the read timeout to come (or the connection
+    /// closed): what the server had to send right now.
+    pub fn read_available(&mut self, wait: Duration) {
+        self.read_timeout(Some(wait));
+        while self.read_frame().is_some() {}
+        self.read_timeout(Some(Duration::from_secs(30)));
+    }
+
     pub fn ping(&mut self, id: u32) {
         let f = Self::control(6, 0, &id.to_be_bytes());
         self.write(&f);

@@ -8,7 +8,7 @@
 //! Usage: sandboxd-monitor --runtime PATH --runtime-root DIR --id ID --bundle DIR
 //!   --pid-file FILE --exit-file FILE --runtime-log FILE --monitor-pid-file FILE
 //!   [--log-path FILE] [--attach-socket SOCK] [--stdin none|open|once]
-//!   [--console-socket SOCK]
+//!   [--console-socket SOCK] [--runtime-arg FLAG]...   (flags before the subcommand)
 //! On success the invoked process prints the container pid and exits 0; on failure it prints
 //! the runtime's own error message on stderr and exits 1.
 //!
@@ -36,6 +36,8 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 
 struct Args {
     runtime: PathBuf,
+    /// Flags for the runtime before its subcommand (`--runtime-arg`, repeatable).
+    runtime_args: Vec<String>,
     runtime_root: PathBuf,
     id: String,
     bundle: PathBuf,
@@ -56,11 +58,19 @@ struct Args {
 
 fn parse_args() -> Result<Args, String> {
     let mut v: std::collections::HashMap<String, String> = Default::default();
+    let mut runtime_args = Vec::new();
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         if k == "--version" {
             println!("sandboxd-monitor {}", env!("CARGO_PKG_VERSION"));
             std::process::exit(0);
+        }
+        if k == "--runtime-arg" {
+            runtime_args.push(
+                it.next()
+                    .ok_or_else(|| "--runtime-arg needs a value".to_string())?,
+            );
+            continue;
         }
         let known = [
             "--runtime",
@@ -85,6 +95,7 @@ fn parse_args() -> Result<Args, String> {
     let mut req = |k: &str| v.remove(k).ok_or_else(|| format!("{k} is required"));
     Ok(Args {
         runtime: req("--runtime")?.into(),
+        runtime_args,
         runtime_root: req("--runtime-root")?.into(),
         id: req("--id")?,
         bundle: req("--bundle")?.into(),
@@ -110,6 +121,7 @@ fn parse_args() -> Result<Args, String> {
 /// for it like for any child.
 fn exec_mode(argv: Vec<String>) -> ! {
     let mut opts: std::collections::HashMap<String, String> = Default::default();
+    let mut runtime_args = Vec::new();
     let mut it = argv.into_iter();
     let mut cmd = Vec::new();
     while let Some(k) = it.next() {
@@ -118,6 +130,10 @@ fn exec_mode(argv: Vec<String>) -> ! {
             break;
         }
         match k.as_str() {
+            "--runtime-arg" => runtime_args.push(
+                it.next()
+                    .unwrap_or_else(|| die("--runtime-arg needs a value")),
+            ),
             "--runtime" | "--runtime-root" | "--id" | "--pid-file" | "--console-socket" => {
                 let v = it
                     .next()
@@ -139,7 +155,9 @@ fn exec_mode(argv: Vec<String>) -> ! {
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let pid_file = PathBuf::from(req("--pid-file"));
     let mut c = Command::new(req("--runtime"));
-    c.arg("--root")
+    private_umask(&mut c);
+    c.args(&runtime_args)
+        .arg("--root")
         .arg(req("--runtime-root"))
         .arg("exec")
         .arg("--detach")
@@ -261,6 +279,19 @@ fn read_pid(path: &Path) -> Option<i32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
+/// The files an exec makes (its pid file) are created root's alone (0600); the exec'd
+/// process gets the umask its container's spec names.
+fn private_umask(c: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: umask is async-signal-safe and touches no memory.
+    unsafe {
+        c.pre_exec(|| {
+            libc::umask(0o077);
+            Ok(())
+        });
+    }
+}
+
 fn die(msg: &str) -> ! {
     eprintln!("sandboxd-monitor: {msg}");
     std::process::exit(1)
@@ -284,6 +315,16 @@ fn monitor(args: &Args, mut report: File) -> i32 {
     };
     if let Err(e) = detach() {
         return fail(&mut report, format!("detach: {e}"));
+    }
+    // Known before anything else runs: a daemon whose `runtime create` times out kills us (we
+    // lead our own session and process group, the runtime's too) by this pid.
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    if let Err(e) = write_atomic(&args.monitor_pid_file, format!("{me}\n").as_bytes()) {
+        return fail(
+            &mut report,
+            format!("write {}: {e}", args.monitor_pid_file.display()),
+        );
     }
     let sigfd = match signal_fd() {
         Ok(fd) => fd,
@@ -315,8 +356,16 @@ fn monitor(args: &Args, mut report: File) -> i32 {
         Ok(l) => l,
         Err(e) => return fail(&mut report, format!("console socket {e}")),
     };
+    // The runtime's log is ours alone; it appends to it. (Its umask is left alone for
+    // create: the container's cgroup directories it makes must stay readable inside.)
+    let _ = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&args.runtime_log);
     let mut cmd = Command::new(&args.runtime);
-    cmd.arg("--root")
+    cmd.args(&args.runtime_args)
+        .arg("--root")
         .arg(&args.runtime_root)
         .arg("--log")
         .arg(&args.runtime_log)
@@ -326,6 +375,14 @@ fn monitor(args: &Args, mut report: File) -> i32 {
     if let Some(p) = &args.console_socket {
         cmd.arg("--console-socket").arg(p);
     }
+    // Our own copies of the container's stdio ends, for a runtime that takes a container's
+    // stdio at `start` rather than at `create` (runsc's containers inside a sandbox): kept
+    // only in that case, see `stdio-fds` below. CLOEXEC: no child inherits them.
+    let mut kept_stdio = (
+        stdin_r.as_ref().and_then(|r| r.try_clone().ok()),
+        out_w.try_clone().ok(),
+        err_w.try_clone().ok(),
+    );
     cmd.arg("--bundle")
         .arg(&args.bundle)
         .arg("--pid-file")
@@ -410,7 +467,12 @@ fn monitor(args: &Args, mut report: File) -> i32 {
         );
     }
     let pid = match read_pid(&args.pid_file) {
-        Some(p) => p,
+        Some(p) => {
+            use std::os::unix::fs::PermissionsExt;
+            let _ =
+                std::fs::set_permissions(&args.pid_file, std::fs::Permissions::from_mode(0o600));
+            p
+        }
         None => {
             return fail(
                 &mut report,
@@ -418,13 +480,31 @@ fn monitor(args: &Args, mut report: File) -> i32 {
             )
         }
     };
-    // SAFETY: getpid has no preconditions.
-    let me = unsafe { libc::getpid() };
-    if let Err(e) = write_atomic(&args.monitor_pid_file, format!("{me}\n").as_bytes()) {
-        return fail(
-            &mut report,
-            format!("write {}: {e}", args.monitor_pid_file.display()),
+    // A container whose process is not ours to reap (runsc's containers run inside its
+    // sandbox, and the pid file names the sandbox process): its exit comes from the
+    // runtime's own `wait`, run as our child.
+    let mut waiter = match is_our_child(pid) {
+        true => None,
+        false => match spawn_runtime_wait(args) {
+            Ok(w) => Some(w),
+            Err(e) => return fail(&mut report, format!("runtime wait: {e}")),
+        },
+    };
+    // Such a container gets its stdio when it is started: publish our ends of its pipes so
+    // the daemon's `runtime start` can be given them (through /proc/<our pid>/fd/N).
+    if waiter.is_some() {
+        let fd = |f: &Option<OwnedFd>| f.as_ref().map_or(-1, |f| f.as_raw_fd());
+        let line = format!(
+            "{} {} {}\n",
+            fd(&kept_stdio.0),
+            fd(&kept_stdio.1),
+            fd(&kept_stdio.2)
         );
+        if let Err(e) = write_atomic(&args.bundle.join("stdio-fds"), line.as_bytes()) {
+            return fail(&mut report, format!("stdio-fds: {e}"));
+        }
+    } else {
+        kept_stdio = (None, None, None);
     }
     let _ = write!(report, "ok {pid}");
     drop(report);
@@ -445,6 +525,8 @@ fn monitor(args: &Args, mut report: File) -> i32 {
     let mut exit: Option<(i32, Option<i32>, Instant, String)> = None;
     let mut clients: Vec<Attached> = Vec::new();
     let mut stdin_pending: Vec<u8> = Vec::new();
+    let mut rewait_at: Option<Instant> = None;
+    let mut rewait = Duration::from_millis(5);
     loop {
         if let Some((_, _, at, _)) = &exit {
             if streams.iter().all(|s| s.closed) || at.elapsed() >= DRAIN_AFTER_EXIT {
@@ -485,7 +567,11 @@ fn monitor(args: &Args, mut report: File) -> i32 {
                 revents: 0,
             });
         }
-        let timeout = if exit.is_some() { 100 } else { -1 };
+        let timeout = match (&exit, rewait_at) {
+            (Some(_), _) => 100,
+            (None, Some(t)) => t.saturating_duration_since(Instant::now()).as_millis() as i32 + 1,
+            (None, None) => -1,
+        };
         // SAFETY: pfds is a valid array of pollfd for the duration of the call.
         let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
         if r < 0 {
@@ -575,8 +661,12 @@ fn monitor(args: &Args, mut report: File) -> i32 {
                 match sig {
                     libc::SIGCHLD => {
                         for (p, st) in reap_all() {
-                            if p == pid && exit.is_none() {
-                                exit = Some(decode(st));
+                            if exit.is_none() {
+                                match exit_of(p, st, pid, &mut waiter, args) {
+                                    Reaped::Exit(e) => exit = Some(e),
+                                    Reaped::WaitAgain => rewait_at = Some(Instant::now() + rewait),
+                                    Reaped::Other => {}
+                                }
                             }
                         }
                     }
@@ -588,9 +678,27 @@ fn monitor(args: &Args, mut report: File) -> i32 {
         // A SIGCHLD can coalesce with one consumed earlier; reap opportunistically.
         if exit.is_none() {
             for (p, st) in reap_all() {
-                if p == pid {
-                    exit = Some(decode(st));
+                if exit.is_none() {
+                    match exit_of(p, st, pid, &mut waiter, args) {
+                        Reaped::Exit(e) => exit = Some(e),
+                        Reaped::WaitAgain => rewait_at = Some(Instant::now() + rewait),
+                        Reaped::Other => {}
+                    }
                 }
+            }
+        }
+        // The container is gone: let its pipes reach EOF once the runtime closes its copies.
+        if exit.is_some() && kept_stdio.1.is_some() {
+            kept_stdio = (None, None, None);
+        }
+        // Ask the runtime to wait again once the container may have started (backing off
+        // from 5 ms to 500 ms while it stays created).
+        if exit.is_none() && rewait_at.is_some_and(|t| Instant::now() >= t) {
+            rewait_at = None;
+            rewait = (rewait * 2).min(Duration::from_millis(500));
+            match spawn_runtime_wait(args) {
+                Ok(w) => waiter = Some(w),
+                Err(_) => exit = Some((255, None, Instant::now(), timestamp())),
             }
         }
     }
@@ -618,6 +726,102 @@ fn monitor(args: &Args, mut report: File) -> i32 {
     }
     reap_all();
     0
+}
+
+/// Is `pid` a child of ours (so its exit reaches our waitpid)?
+fn is_our_child(pid: i32) -> bool {
+    // SAFETY: waitid with a zeroed siginfo owned by this frame; WNOWAIT leaves the child
+    // unreaped.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        ) == 0
+    }
+}
+
+/// `RUNTIME wait ID` as a child, its JSON answer on a pipe.
+struct Waiter {
+    child: std::process::Child,
+}
+
+/// `RUNTIME [runtime args] --root DIR <op> ID`, stdin and stderr on /dev/null.
+fn runtime_op(args: &Args, op: &str) -> Command {
+    let mut c = Command::new(&args.runtime);
+    c.args(&args.runtime_args)
+        .arg("--root")
+        .arg(&args.runtime_root)
+        .arg(op)
+        .arg(&args.id)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null());
+    c
+}
+
+fn spawn_runtime_wait(args: &Args) -> std::io::Result<Waiter> {
+    let child = runtime_op(args, "wait").stdout(Stdio::piped()).spawn()?;
+    Ok(Waiter { child })
+}
+
+/// What reaping `p` (with status `st`) means for the container.
+enum Reaped {
+    /// The container exited (its process, or the runtime's `wait` answered).
+    Exit((i32, Option<i32>, Instant, String)),
+    /// The runtime's `wait` gave up although the container is not stopped (runsc's `wait`
+    /// refuses a created container, and one being started): ask again later.
+    WaitAgain,
+    Other,
+}
+
+fn exit_of(p: i32, st: i32, pid: i32, waiter: &mut Option<Waiter>, args: &Args) -> Reaped {
+    match waiter {
+        None if p == pid => Reaped::Exit(decode(st)),
+        Some(w) if p == w.child.id() as i32 => {
+            // `{"id":…,"exitStatus":N}`; N is 128+signal for a killed process.
+            let mut out = String::new();
+            if let Some(o) = w.child.stdout.as_mut() {
+                let _ = o.take(4096).read_to_string(&mut out);
+            }
+            let code = out
+                .split("\"exitStatus\":")
+                .nth(1)
+                .and_then(|r| {
+                    r.trim_start()
+                        .split(|c: char| !c.is_ascii_digit() && c != '-')
+                        .next()
+                })
+                .and_then(|n| n.parse::<i32>().ok());
+            match code {
+                Some(code) => {
+                    let signal = (code > 128 && code < 160).then_some(code - 128);
+                    Reaped::Exit((code, signal, Instant::now(), timestamp()))
+                }
+                // Not started yet, or being started while `wait` asked: ask again.
+                None if matches!(
+                    runtime_status(args).as_deref(),
+                    Some("created" | "creating" | "running")
+                ) =>
+                {
+                    Reaped::WaitAgain
+                }
+                // Gone or stopped without an answer: the status is unknown.
+                None => Reaped::Exit((255, None, Instant::now(), timestamp())),
+            }
+        }
+        _ => Reaped::Other,
+    }
+}
+
+/// `RUNTIME state ID`'s `status`, if it answers.
+fn runtime_status(args: &Args) -> Option<String> {
+    let out = runtime_op(args, "state").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rest = text.split("\"status\"").nth(1)?;
+    let v = rest.split('"').nth(1)?;
+    Some(v.to_string())
 }
 
 fn decode(status: i32) -> (i32, Option<i32>, Instant, String) {
@@ -870,7 +1074,7 @@ fn recv_fd(s: &std::os::unix::net::UnixStream) -> std::io::Result<OwnedFd> {
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = std::mem::size_of_val(&cbuf);
     // SAFETY: msg points at buffers we own for the duration of the call.
-    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, 0) };
+    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {
         return Err(std::io::Error::last_os_error());
     }

@@ -12,7 +12,6 @@ mod streams;
 use clap::{Parser, Subcommand, ValueEnum};
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use serde::Deserialize;
 use tonic::transport::Channel;
 
 #[derive(Parser, Debug)]
@@ -382,7 +381,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             let r = c
                 .create_container(cri::CreateContainerRequest {
                     pod_sandbox_id: pod,
-                    config: Some(containers::load_container_config(&config)?),
+                    config: Some(load_container_config(&config)?),
                     sandbox_config: Some(load_pod_config(&pod_config)?),
                 })
                 .await
@@ -698,8 +697,22 @@ pub(crate) fn pick(
     }
 }
 
-/// CRI `NamespaceMode` names, by value.
-pub(crate) const MODES: &[&str] = &["POD", "CONTAINER", "NODE", "TARGET"];
+/// Largest config file read.
+const MAX_CONFIG_FILE: u64 = 1 << 20;
+
+fn read_config(path: &Path) -> Result<Vec<u8>, String> {
+    sandboxd::untrusted_fs::read_file(path, MAX_CONFIG_FILE).map_err(|e| e.to_string())
+}
+
+fn load_pod_config(path: &Path) -> Result<cri::PodSandboxConfig, String> {
+    sandboxd::cri::crictl_json::pod_config(&read_config(path)?)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn load_container_config(path: &Path) -> Result<cri::ContainerConfig, String> {
+    sandboxd::cri::crictl_json::container_config(&read_config(path)?)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
 
 /// The first 13 characters of an id, as tables show it.
 fn short(id: &str) -> &str {
@@ -726,164 +739,6 @@ fn ago(created_ns: i64) -> String {
         3600..=86399 => format!("{} hours ago", s / 3600),
         _ => format!("{} days ago", s / 86400),
     }
-}
-
-/// A crictl-style pod config (snake_case like crictl's files; lowerCamel accepted too; enums
-/// as numbers or names).
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct PodJson {
-    metadata: MetaJson,
-    hostname: String,
-    #[serde(alias = "logDirectory")]
-    log_directory: String,
-    #[serde(alias = "dnsConfig")]
-    dns_config: Option<DnsJson>,
-    #[serde(alias = "portMappings")]
-    port_mappings: Vec<PortJson>,
-    labels: HashMap<String, String>,
-    annotations: HashMap<String, String>,
-    linux: Option<LinuxJson>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct MetaJson {
-    name: String,
-    namespace: String,
-    uid: String,
-    attempt: u32,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct DnsJson {
-    servers: Vec<String>,
-    searches: Vec<String>,
-    options: Vec<String>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct PortJson {
-    protocol: EnumJson,
-    #[serde(alias = "containerPort")]
-    container_port: i32,
-    #[serde(alias = "hostPort")]
-    host_port: i32,
-    #[serde(alias = "hostIp")]
-    host_ip: String,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct LinuxJson {
-    #[serde(alias = "cgroupParent")]
-    cgroup_parent: String,
-    #[serde(alias = "securityContext")]
-    security_context: Option<SecJson>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct SecJson {
-    #[serde(alias = "namespaceOptions")]
-    namespace_options: Option<NsJson>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct NsJson {
-    network: EnumJson,
-    pid: EnumJson,
-    ipc: EnumJson,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum EnumJson {
-    Num(i32),
-    Name(String),
-}
-
-impl Default for EnumJson {
-    fn default() -> Self {
-        EnumJson::Num(0)
-    }
-}
-
-impl EnumJson {
-    fn value(&self, names: &[&str], field: &str) -> Result<i32, String> {
-        match self {
-            EnumJson::Num(n) => Ok(*n),
-            EnumJson::Name(s) => names
-                .iter()
-                .position(|n| n.eq_ignore_ascii_case(s))
-                .map(|i| i as i32)
-                .ok_or_else(|| format!("{field}: {s:?} is not one of {names:?}")),
-        }
-    }
-}
-
-fn load_pod_config(path: &Path) -> Result<cri::PodSandboxConfig, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let p: PodJson = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    const PROTOS: &[&str] = &["TCP", "UDP", "SCTP"];
-    let mut ports = Vec::new();
-    for pm in &p.port_mappings {
-        ports.push(cri::PortMapping {
-            protocol: pm.protocol.value(PROTOS, "port_mappings.protocol")?,
-            container_port: pm.container_port,
-            host_port: pm.host_port,
-            host_ip: pm.host_ip.clone(),
-        });
-    }
-    let linux = match &p.linux {
-        None => None,
-        Some(l) => {
-            let ns = match l
-                .security_context
-                .as_ref()
-                .and_then(|s| s.namespace_options.as_ref())
-            {
-                None => None,
-                Some(n) => Some(cri::NamespaceOption {
-                    network: n.network.value(MODES, "namespace_options.network")?,
-                    pid: n.pid.value(MODES, "namespace_options.pid")?,
-                    ipc: n.ipc.value(MODES, "namespace_options.ipc")?,
-                    ..Default::default()
-                }),
-            };
-            Some(cri::LinuxPodSandboxConfig {
-                cgroup_parent: l.cgroup_parent.clone(),
-                security_context: Some(cri::LinuxSandboxSecurityContext {
-                    namespace_options: ns,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-        }
-    };
-    Ok(cri::PodSandboxConfig {
-        metadata: Some(cri::PodSandboxMetadata {
-            name: p.metadata.name,
-            namespace: p.metadata.namespace,
-            uid: p.metadata.uid,
-            attempt: p.metadata.attempt,
-        }),
-        hostname: p.hostname,
-        log_directory: p.log_directory,
-        dns_config: p.dns_config.map(|d| cri::DnsConfig {
-            servers: d.servers,
-            searches: d.searches,
-            options: d.options,
-        }),
-        port_mappings: ports,
-        labels: p.labels,
-        annotations: p.annotations,
-        linux,
-        ..Default::default()
-    })
 }
 
 mod bench {

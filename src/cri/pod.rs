@@ -1,4 +1,4 @@
-//! Translation between CRI v1 messages and the core types. No lifecycle logic here.
+//! Pod sandbox messages: RunPodSandbox's config in, statuses, listings and filters out.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -79,6 +79,17 @@ pub fn pod_config(req: &cri::RunPodSandboxRequest) -> Result<PodSandboxConfig, E
             host_ip: p.host_ip.clone(),
         });
     }
+    let sysctls = c
+        .linux
+        .as_ref()
+        .map(|l| sorted(&l.sysctls))
+        .unwrap_or_default();
+    let se = c
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.selinux_options.clone())
+        .unwrap_or_default();
     let (cgroup_parent, ns) = match &c.linux {
         Some(l) => {
             let ns = match l
@@ -117,6 +128,8 @@ pub fn pod_config(req: &cri::RunPodSandboxRequest) -> Result<PodSandboxConfig, E
         namespace_options: ns,
         runtime_handler: req.runtime_handler.clone(),
         cgroup_parent,
+        sysctls,
+        selinux: [se.user, se.role, se.r#type, se.level],
     })
 }
 
@@ -208,19 +221,6 @@ pub fn filter(f: Option<&cri::PodSandboxFilter>) -> Result<Option<SandboxFilter>
     }))
 }
 
-/// Maps a core error to the gRPC status kubelet expects.
-pub fn status_of(e: &Error) -> tonic::Status {
-    let msg = e.to_string();
-    match e {
-        Error::InvalidArgument(_) | Error::Ambiguous { .. } => tonic::Status::invalid_argument(msg),
-        Error::NameReserved { .. } => tonic::Status::already_exists(msg),
-        Error::NotFound { .. } => tonic::Status::not_found(msg),
-        Error::FailedPrecondition(_) => tonic::Status::failed_precondition(msg),
-        Error::DeadlineExceeded(_) => tonic::Status::deadline_exceeded(msg),
-        _ => tonic::Status::internal(msg),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,33 +271,5 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("config.metadata"));
-    }
-
-    #[test]
-    fn status_codes() {
-        assert_eq!(
-            status_of(&Error::InvalidArgument("x".into())).code(),
-            tonic::Code::InvalidArgument
-        );
-        assert_eq!(
-            status_of(&Error::NameReserved {
-                name: "n".into(),
-                holder: "h".into()
-            })
-            .code(),
-            tonic::Code::AlreadyExists
-        );
-        assert_eq!(
-            status_of(&Error::NotFound {
-                kind: "sandbox",
-                id: "i".into()
-            })
-            .code(),
-            tonic::Code::NotFound
-        );
-        assert_eq!(
-            status_of(&Error::Config("c".into())).code(),
-            tonic::Code::Internal
-        );
     }
 }

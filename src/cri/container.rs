@@ -1,15 +1,16 @@
-//! Translation of container and image messages between CRI v1 and the core types.
+//! Container messages: CreateContainer's config in; statuses, listings, filters, stats and
+//! resources out.
 
 use k8s_cri::v1 as cri;
 
-use super::convert::{sorted, unsorted};
+use super::pod::{sorted, unsorted};
 use crate::cgroups::Usage;
 use crate::container::{
     BindMount, ContainerConfig, ContainerFilter, ContainerMetadata, ContainerRecord,
     ContainerState, Device, Propagation, Resources, Seccomp, SecurityContext,
 };
 use crate::error::Error;
-use crate::image::ImageRecord;
+use crate::lsm::AppArmor;
 
 /// `ContainerConfig` → core config.
 pub fn container_config(c: &cri::ContainerConfig) -> Result<ContainerConfig, Error> {
@@ -50,6 +51,7 @@ pub fn container_config(c: &cri::ContainerConfig) -> Result<ContainerConfig, Err
             host_path: mt.host_path.clone(),
             readonly: mt.readonly,
             propagation,
+            recursive_read_only: mt.recursive_read_only,
         });
     }
     let linux = c.linux.clone().unwrap_or_default();
@@ -79,6 +81,36 @@ pub fn container_config(c: &cri::ContainerConfig) -> Result<ContainerConfig, Err
             }
         },
     };
+    #[allow(deprecated)] // the old string field, still sent by older kubelets
+    let old_apparmor = s.apparmor_profile.as_str();
+    let apparmor = match (&s.apparmor, old_apparmor) {
+        (Some(p), _) => match cri::security_profile::ProfileType::try_from(p.profile_type) {
+            Ok(cri::security_profile::ProfileType::RuntimeDefault) => AppArmor::RuntimeDefault,
+            Ok(cri::security_profile::ProfileType::Unconfined) => AppArmor::Unconfined,
+            Ok(cri::security_profile::ProfileType::Localhost) => {
+                AppArmor::Localhost(p.localhost_ref.clone())
+            }
+            Err(_) => {
+                return Err(Error::InvalidArgument(format!(
+                    "security_context.apparmor.profile_type: unknown value {}",
+                    p.profile_type
+                )))
+            }
+        },
+        // The deprecated string form.
+        (None, "") => AppArmor::Unset,
+        (None, "runtime/default") => AppArmor::RuntimeDefault,
+        (None, "unconfined") => AppArmor::Unconfined,
+        (None, p) => match p.strip_prefix("localhost/") {
+            Some(name) => AppArmor::Localhost(name.to_string()),
+            None => {
+                return Err(Error::InvalidArgument(format!(
+                    "security_context.apparmor_profile: {p:?} is not runtime/default, unconfined or localhost/<name>"
+                )))
+            }
+        },
+    };
+    let se = s.selinux_options.clone().unwrap_or_default();
     let ns = s.namespace_options.clone().unwrap_or_default();
     Ok(ContainerConfig {
         metadata: ContainerMetadata {
@@ -120,12 +152,23 @@ pub fn container_config(c: &cri::ContainerConfig) -> Result<ContainerConfig, Err
             run_as_group: s.run_as_group.map(|v| v.value),
             run_as_username: s.run_as_username.clone(),
             supplemental_groups: s.supplemental_groups.clone(),
+            supplemental_groups_policy: match s.supplemental_groups_policy {
+                0 => crate::container::GroupsPolicy::Merge,
+                1 => crate::container::GroupsPolicy::Strict,
+                v => {
+                    return Err(Error::InvalidArgument(format!(
+                        "security_context.supplemental_groups_policy: unknown value {v}"
+                    )))
+                }
+            },
             no_new_privs: s.no_new_privs,
-            pid: super::convert::mode(ns.pid, "security_context.namespace_options.pid")?,
+            pid: super::pod::mode(ns.pid, "security_context.namespace_options.pid")?,
             target_id: ns.target_id.clone(),
             masked_paths: (!s.masked_paths.is_empty()).then(|| s.masked_paths.clone()),
             readonly_paths: (!s.readonly_paths.is_empty()).then(|| s.readonly_paths.clone()),
             seccomp,
+            apparmor,
+            selinux: [se.user, se.role, se.r#type, se.level],
         },
     })
 }
@@ -198,9 +241,21 @@ pub fn status_to_cri(r: &ContainerRecord) -> cri::ContainerStatus {
                     Propagation::HostToContainer => 1,
                     Propagation::Bidirectional => 2,
                 },
+                recursive_read_only: m.recursive_read_only,
                 ..Default::default()
             })
             .collect(),
+        user: r.user.as_ref().map(|u| cri::ContainerUser {
+            linux: Some(cri::LinuxContainerUser {
+                uid: u.uid.into(),
+                gid: u.gid.into(),
+                supplemental_groups: u
+                    .supplemental_groups
+                    .iter()
+                    .map(|g| i64::from(*g))
+                    .collect(),
+            }),
+        }),
         log_path: r
             .log_path
             .as_ref()
@@ -220,7 +275,6 @@ pub fn status_to_cri(r: &ContainerRecord) -> cri::ContainerStatus {
             ..Default::default()
         }),
         image_id: r.image_id.clone(),
-        ..Default::default()
     }
 }
 
@@ -280,7 +334,7 @@ pub fn usage_to_cri(u: &Usage, now: i64) -> (cri::CpuUsage, cri::MemoryUsage) {
     )
 }
 
-pub fn stats_to_cri(r: &ContainerRecord, u: &Usage, now: i64) -> cri::ContainerStats {
+fn stats_with(r: &ContainerRecord, u: &Usage, now: i64, used: (u64, u64)) -> cri::ContainerStats {
     let (cpu, memory) = usage_to_cri(u, now);
     cri::ContainerStats {
         attributes: Some(cri::ContainerAttributes {
@@ -291,15 +345,24 @@ pub fn stats_to_cri(r: &ContainerRecord, u: &Usage, now: i64) -> cri::ContainerS
         }),
         cpu: Some(cpu),
         memory: Some(memory),
-        writable_layer: Some(writable_layer(r, now)),
+        writable_layer: Some(writable_layer(r, now, used)),
         swap: None,
     }
 }
 
+/// Container stats from use already read (for pod stats).
+pub fn stats_of(c: &crate::metrics::ContainerUsage, now: i64) -> cri::ContainerStats {
+    let used = (c.writable_bytes, c.writable_inodes);
+    stats_with(&c.record, &c.cgroup.usage(), now, used)
+}
+
 /// What the container wrote to its rootfs: its overlay upper dir.
-fn writable_layer(r: &ContainerRecord, now: i64) -> cri::FilesystemUsage {
+fn writable_layer(
+    r: &ContainerRecord,
+    now: i64,
+    (bytes, inodes): (u64, u64),
+) -> cri::FilesystemUsage {
     let upper = r.dir.join("upper");
-    let (bytes, inodes) = crate::state::disk_usage(&upper);
     cri::FilesystemUsage {
         timestamp: now,
         fs_id: Some(cri::FilesystemIdentifier {
@@ -321,56 +384,4 @@ pub fn resources(r: &cri::LinuxContainerResources) -> Resources {
         cpuset_cpus: r.cpuset_cpus.clone(),
         cpuset_mems: r.cpuset_mems.clone(),
     }
-}
-
-pub fn image_to_cri(i: &ImageRecord) -> cri::Image {
-    let user = i.config.user.split(':').next().unwrap_or("");
-    let (uid, username) = match user.parse::<i64>() {
-        Ok(n) => (Some(cri::Int64Value { value: n }), String::new()),
-        Err(_) if user.is_empty() => (Some(cri::Int64Value { value: 0 }), String::new()),
-        Err(_) => (None, user.to_string()),
-    };
-    cri::Image {
-        id: i.id.clone(),
-        repo_tags: i.repo_tags.clone(),
-        repo_digests: i.repo_digests.clone(),
-        size: i.size,
-        uid,
-        username,
-        spec: Some(cri::ImageSpec {
-            image: i.id.clone(),
-            ..Default::default()
-        }),
-        pinned: false,
-    }
-}
-
-/// CRI `AuthConfig` → pull credentials (`auth` is base64 of `user:password`).
-pub fn auth(a: Option<&cri::AuthConfig>) -> Result<crate::image::Auth, Error> {
-    let Some(a) = a else {
-        return Ok(crate::image::Auth::default());
-    };
-    let (mut username, mut password) = (a.username.clone(), a.password.clone());
-    if username.is_empty() && !a.auth.is_empty() {
-        use base64::Engine;
-        let raw = base64::engine::general_purpose::STANDARD
-            .decode(a.auth.trim())
-            .map_err(|e| Error::InvalidArgument(format!("auth.auth is not base64: {e}")))?;
-        let text = String::from_utf8(raw)
-            .map_err(|_| Error::InvalidArgument("auth.auth is not UTF-8".into()))?;
-        let (u, p) = text
-            .split_once(':')
-            .ok_or_else(|| Error::InvalidArgument("auth.auth is not user:password".into()))?;
-        (username, password) = (u.to_string(), p.to_string());
-    }
-    if !a.identity_token.is_empty() && username.is_empty() && a.registry_token.is_empty() {
-        return Err(Error::InvalidArgument(
-            "auth.identity_token (OAuth refresh tokens) is not supported; pass a registry_token or username/password".into(),
-        ));
-    }
-    Ok(crate::image::Auth {
-        username,
-        password,
-        registry_token: a.registry_token.clone(),
-    })
 }

@@ -1,0 +1,98 @@
+//! ExecSync: a command in a running container, its output capped, killed and reaped past
+//! its timeout.
+
+use std::time::Duration;
+
+use super::status::require;
+use super::*;
+use crate::error::{Error, Result};
+use crate::Runtime;
+
+/// Longest ExecSync output kept per stream (kubelet's own limit is 16 MiB).
+/// Most ExecSync output kept, stdout and stderr together: the answer must fit in a gRPC
+/// message of 16 MiB (kubelet's limit, and ours), with room for its other fields.
+pub const MAX_EXEC_OUTPUT: usize = (16 << 20) - 4096;
+
+/// ExecSync: runs `cmd` in the container with the runtime's `exec` and returns its output
+/// and exit code. Each stream keeps at most [`MAX_EXEC_OUTPUT`] bytes (the rest is read and
+/// dropped while the command runs, so neither the command nor our memory grows with its
+/// output). Past `timeout` (zero = none) the command, its process group and session (what it
+/// started) are killed and, where the container's init reaps them, gone before the call
+/// fails with `DeadlineExceeded`.
+pub(crate) fn exec_sync(
+    rt: &Runtime,
+    id: &str,
+    cmd: &[String],
+    timeout: Duration,
+) -> Result<ExecResult> {
+    let entry = rt.container_entry(id)?;
+    let rec = require(rt, &entry, &[ContainerState::Running], |r| {
+        format!("container {} is not running ({:?})", r.id, r.state)
+    })?;
+    if cmd.is_empty() {
+        return Err(Error::InvalidArgument("cmd must not be empty".into()));
+    }
+    let runtime = rt.handler(&rec.runtime_handler)?;
+    let pid_file = rec
+        .dir
+        .join(format!("exec-{}.pid", &crate::validate::new_id()[..12]));
+    let c = runtime.exec_command(&rec.id, &pid_file, None, cmd);
+    let limits = crate::process::Limits {
+        timeout: (!timeout.is_zero()).then_some(timeout),
+        stdout_cap: MAX_EXEC_OUTPUT,
+        stderr_cap: MAX_EXEC_OUTPUT,
+        // A background process the command left behind may hold the pipes open forever:
+        // take what arrives shortly after the exit, never wait for that process.
+        drain: Duration::from_secs(1),
+        budget: Some(rt.exec_output.clone()),
+    };
+    let mut killed: Vec<i32> = Vec::new();
+    let r = crate::process::run_with(c, b"", &limits, |_| {
+        // The exec'd process and what it started first (killing only the runtime's helper
+        // would orphan them inside the container).
+        if let Some(pid) = crate::process::read_pid(&pid_file).filter(|p| *p > 1) {
+            killed = crate::process::group_members(pid);
+            killed.push(pid);
+            crate::process::kill_tree(pid);
+        }
+    });
+    let _ = std::fs::remove_file(&pid_file);
+    match r {
+        Ok(out) => {
+            if out.stdout_dropped + out.stderr_dropped > 0 {
+                tracing::info!(container_id = %rec.id, dropped = out.stdout_dropped + out.stderr_dropped, "ExecSync output over its cap (or the daemon's budget) was dropped");
+            }
+            let (stdout, stderr) = fit_output(out.stdout, out.stderr);
+            Ok(ExecResult {
+                stdout,
+                stderr,
+                exit_code: crate::process::exit_code(&out.status),
+            })
+        }
+        Err(crate::process::RunError::Timeout { .. }) => {
+            // Killed processes are reaped by their parent (the helper for the command
+            // itself, the container's init for orphans): wait until they are gone.
+            let left = crate::process::wait_reaped(&killed, Duration::from_secs(2));
+            if !left.is_empty() {
+                tracing::warn!(container_id = %rec.id, pids = ?left, "killed exec processes are not reaped yet (the container's init does not reap)");
+            }
+            Err(Error::DeadlineExceeded(format!(
+                "command {cmd:?} in container {} timed out after {timeout:?} and was killed",
+                rec.id
+            )))
+        }
+        Err(e) => Err(Error::step("exec in container", &rec.id, e)),
+    }
+}
+
+/// Trims ExecSync output to [`MAX_EXEC_OUTPUT`] in all: stderr keeps up to 1 MiB first (it
+/// usually says why), stdout what is left, then stderr the rest.
+fn fit_output(mut stdout: Vec<u8>, mut stderr: Vec<u8>) -> (Vec<u8>, Vec<u8>) {
+    if stdout.len() + stderr.len() <= MAX_EXEC_OUTPUT {
+        return (stdout, stderr);
+    }
+    let err_first = stderr.len().min(1 << 20);
+    stdout.truncate(MAX_EXEC_OUTPUT - err_first);
+    stderr.truncate(MAX_EXEC_OUTPUT - stdout.len());
+    (stdout, stderr)
+}

@@ -1,0 +1,154 @@
+//! RemoveContainer and the teardown shared with a failed create's rollback and restore.
+
+use std::time::Duration;
+
+use super::stop::stop_locked;
+use super::*;
+use crate::error::{Error, Result};
+use crate::events::EventKind;
+use crate::{failpoint, lock, ContainerEntry, Runtime};
+
+/// RemoveContainer: force-stops, deletes it from the runtime, unmounts the rootfs, removes
+/// its dir and log, releases its name. An unknown id is success.
+pub(crate) fn remove(rt: &Runtime, id: &str) -> Result<()> {
+    let Some(entry) = rt.find_container(id)? else {
+        let q = crate::state::Quarantine::find(&lock(&rt.quarantine).containers, id);
+        return match q {
+            Some(qid) => finish_quarantined(rt, &qid),
+            None => Ok(()),
+        };
+    };
+    let _op = lock(&entry.op);
+    let cid = lock(&entry.record).id.clone();
+    if !lock(&rt.registry).containers.contains_key(&cid) {
+        return Ok(()); // removed while we waited
+    }
+    remove_locked(rt, &entry)
+}
+
+/// Removes a quarantined container (its record was unreadable) from what its id names: the
+/// runtime's container (force-deleted, which kills it; its monitor then exits), the rootfs
+/// mount, its dir and sockets.
+fn finish_quarantined(rt: &Runtime, id: &str) -> Result<()> {
+    tracing::info!(container_id = %id, "finishing the removal of a quarantined container");
+    let mut errors = Vec::new();
+    let dir = rt.cfg.root.join("containers").join(id);
+    for runtime in rt.runtimes.values() {
+        if runtime.root.join(id).exists() {
+            if let Err(e) = runtime.delete(id, &dir.join("runtime.log")) {
+                errors.push(Error::step("delete container", id, e));
+            }
+        }
+    }
+    if let Err(e) = crate::mounts::unmount_all(&dir.join("rootfs")) {
+        errors.push(Error::step("unmount rootfs", id, e));
+    }
+    let short = &id[..16];
+    for sock in [
+        rt.cfg.root.join("attach").join(format!("{short}.sock")),
+        rt.cfg.root.join("exec").join(format!("{short}.console")),
+    ] {
+        let _ = std::fs::remove_file(sock);
+    }
+    if errors.is_empty() {
+        if let Err(e) = crate::state::remove_record_dir(&dir) {
+            errors.push(Error::step("remove container dir", id, e));
+        }
+    }
+    if errors.is_empty() {
+        lock(&rt.quarantine).containers.remove(id);
+    }
+    Error::collect(errors)
+}
+
+pub(crate) fn remove_locked(rt: &Runtime, entry: &ContainerEntry) -> Result<()> {
+    stop_locked(rt, entry, Duration::ZERO)?;
+    failpoint::hit("removectr:stopped");
+    teardown(rt, entry)?;
+    let rec = lock(&entry.record).clone();
+    if let Some(log) = &rec.log_path {
+        match std::fs::remove_file(log) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(container_id = %rec.id, error = %e, "cannot remove container log")
+            }
+        }
+    }
+    unregister(rt, entry);
+    tracing::info!(container_id = %rec.id, "container removed");
+    rt.emit(EventKind::Deleted, &rec.id, &rec.sandbox_id);
+    // Its image was removed while it ran: its layers can go now if nothing else uses them.
+    if !rec.image_id.is_empty() && rt.images.get(&rec.image_id).is_none() {
+        if let Err(e) = rt.images.collect(&rt.layers_in_use()) {
+            tracing::warn!(error = %e, "cannot collect unused image content");
+        }
+    }
+    Ok(())
+}
+
+/// Removes every host resource of a container that is not running: the runtime's container,
+/// the rootfs mount, the container dir. Used by remove, by a failed create's rollback and by
+/// restore of a half-created container.
+pub(crate) fn teardown(rt: &Runtime, entry: &ContainerEntry) -> Result<()> {
+    let rec = lock(&entry.record).clone();
+    let mut errors = Vec::new();
+    // A creation that never finished (a crash mid-create, a failed create): its monitor may
+    // still be running `runtime create`, and would make the container after we deleted it.
+    // It leads its own session with the runtime in it: kill them first.
+    if matches!(
+        rec.state,
+        ContainerState::Creating | ContainerState::Unknown
+    ) {
+        if let Some(m) = rec.files().monitor_pid().filter(|p| *p > 1) {
+            if crate::process::alive(m) {
+                crate::process::kill_tree(m);
+                crate::process::wait_gone(&[m], Duration::from_secs(2));
+            }
+        }
+    }
+    match rt.handler(&rec.runtime_handler) {
+        Ok(runtime) => {
+            let files = rec.files();
+            if let Err(e) = runtime.delete(&rec.id, &files.runtime_log) {
+                errors.push(Error::step("delete container", &rec.id, e));
+            }
+        }
+        Err(e) => errors.push(e),
+    }
+    failpoint::hit("removectr:runtime");
+    // The runtime removes the container's cgroup with the container; one a create left
+    // half-made (the runtime never recorded the container) is ours to remove.
+    if !rec.cgroup.is_empty() {
+        if let Err(e) = crate::cgroups::remove(&rec.cgroup) {
+            errors.push(Error::step("remove container cgroup", &rec.id, e));
+        }
+    }
+    if let Err(e) = crate::mounts::unmount_all(&rec.rootfs()) {
+        errors.push(Error::step("unmount rootfs", &rec.id, e));
+    }
+    failpoint::hit("removectr:unmounted");
+    for sock in [&rec.attach_socket, &rec.console_socket]
+        .into_iter()
+        .flatten()
+    {
+        let _ = std::fs::remove_file(sock);
+    }
+    Error::collect(errors)?;
+    crate::state::remove_record_dir(&rec.dir)
+        .map_err(|e| Error::step("remove container dir", &rec.id, e))?;
+    failpoint::hit("removectr:dir");
+    Ok(())
+}
+
+pub(crate) fn unregister(rt: &Runtime, entry: &ContainerEntry) {
+    let (id, name) = {
+        let r = lock(&entry.record);
+        (r.id.clone(), r.name.clone())
+    };
+    rt.exit_watch.remove(&id);
+    let mut reg = lock(&rt.registry);
+    reg.containers.remove(&id);
+    reg.container_ids.remove(&id);
+    reg.names.release(&name, &id);
+}

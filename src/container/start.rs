@@ -1,0 +1,104 @@
+//! StartContainer: the runtime's `start`; a repeated start of a running container (kubelet's
+//! retry after a daemon crash) is success, a failed one leaves the container exited with
+//! `StartError`.
+
+use super::status::{refresh, require};
+use super::*;
+use crate::error::{Error, Result};
+use crate::events::EventKind;
+use crate::state::now_nanos;
+use crate::{failpoint, lock, Runtime};
+
+pub(crate) fn start(rt: &Runtime, id: &str) -> Result<()> {
+    let entry = rt.container_entry(id)?;
+    let _op = lock(&entry.op);
+    // A start retried after it succeeded (kubelet's retry after a daemon crash) is success.
+    if refresh(rt, &entry).state == ContainerState::Running {
+        return Ok(());
+    }
+    let rec = require(rt, &entry, &[ContainerState::Created], |r| {
+        format!(
+            "container {} is {:?}, only a created container can be started",
+            r.id, r.state
+        )
+    })?;
+    let runtime = rt.handler(&rec.runtime_handler)?;
+    // Taken before the call: the process may run (and exit) before `start` returns.
+    let started = now_nanos();
+    let files = rec.files();
+    let started_call = match monitor_stdio(&rec.dir, files.monitor_pid()) {
+        Some(stdio) => runtime.start_with_stdio(&rec.id, &files.runtime_log, stdio),
+        None => runtime.start(&rec.id, &files.runtime_log),
+    };
+    if let Err(e) = started_call {
+        // It may have started anyway (an earlier start whose answer was lost): the runtime
+        // says.
+        if matches!(runtime.state(&rec.id), Ok(Some(s)) if s.status == "running") {
+            tracing::info!(container_id = %rec.id, error = %e, "start failed, but the container runs: it was started before");
+            entry.update(|r| {
+                r.state = ContainerState::Running;
+                r.started_at = crate::process::start_time_nanos(r.pid).unwrap_or(started);
+            })?;
+            rt.emit(EventKind::Started, &rec.id, &rec.sandbox_id);
+            return Ok(());
+        }
+        let msg = e.to_string();
+        entry.update(|r| {
+            r.state = ContainerState::Exited;
+            r.exit_code = 128;
+            r.reason = "StartError".into();
+            r.message = msg;
+            r.finished_at = now_nanos();
+        })?;
+        rt.emit(EventKind::Stopped, &rec.id, &rec.sandbox_id);
+        return Err(Error::step("start container", &rec.id, e));
+    }
+    failpoint::hit("start:runtime");
+    entry.update(|r| {
+        r.state = ContainerState::Running;
+        r.started_at = started;
+    })?;
+    failpoint::hit("start:recorded");
+    rt.emit(EventKind::Started, &rec.id, &rec.sandbox_id);
+    tracing::info!(container_id = %rec.id, pid = rec.pid, "container started");
+    refresh(rt, &entry);
+    Ok(())
+}
+
+/// The container's stdio, for a runtime that takes it at `start` (runsc's containers inside
+/// a sandbox): the monitor published its ends of the pipes in `stdio-fds`; they are opened
+/// through `/proc/<monitor>/fd/N` (a new descriptor to the same pipe). `None` when the
+/// monitor published nothing (the runtime took the stdio at create).
+fn monitor_stdio(
+    dir: &std::path::Path,
+    monitor: Option<i32>,
+) -> Option<[Option<std::os::fd::OwnedFd>; 3]> {
+    let text = std::fs::read_to_string(dir.join("stdio-fds")).ok()?;
+    let monitor = monitor?;
+    // That pid is still this container's monitor (not a process that reused the pid): its
+    // command line names the container's dir.
+    let cmdline = std::fs::read(format!("/proc/{monitor}/cmdline")).ok()?;
+    let dir_arg = dir.as_os_str().as_encoded_bytes();
+    if !cmdline.split(|b| *b == 0).any(|a| a == dir_arg) {
+        return None;
+    }
+    let fds: Vec<i32> = text
+        .split_whitespace()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    if fds.len() != 3 {
+        return None;
+    }
+    let open = |fd: i32, write: bool| -> Option<std::os::fd::OwnedFd> {
+        if fd < 0 {
+            return None;
+        }
+        std::fs::OpenOptions::new()
+            .read(!write)
+            .write(write)
+            .open(format!("/proc/{monitor}/fd/{fd}"))
+            .ok()
+            .map(Into::into)
+    };
+    Some([open(fds[0], false), open(fds[1], true), open(fds[2], true)])
+}

@@ -1,0 +1,110 @@
+//! Container status: folds the exit the monitor recorded into the record (publishing the
+//! STOPPED event once), and the state checks the other verbs make.
+
+use super::*;
+use crate::error::{Error, Result};
+use crate::state::now_nanos;
+use crate::{lock, ContainerEntry, Runtime};
+
+/// Folds an exit the monitor recorded into the record (persisted once), publishing the
+/// STOPPED event when this call made the transition.
+pub(crate) fn refresh(rt: &Runtime, entry: &ContainerEntry) -> ContainerRecord {
+    let rec = lock(&entry.record).clone();
+    if !is_live(rec.state) {
+        return rec;
+    }
+    let files = rec.files();
+    let Some(exit) = files.exit() else {
+        // No exit recorded: if the monitor died and the container's processes are gone too,
+        // nothing will ever record it.
+        if rec.state == ContainerState::Running
+            && !crate::process::alive(rec.pid)
+            && files
+                .monitor_pid()
+                .is_some_and(|m| !crate::process::alive(m))
+            && files.exit().is_none()
+        {
+            tracing::warn!(container_id = %rec.id, "the container's monitor died and its process is gone; exit status unknown");
+            mark_exited(rt, entry, |r| {
+                r.exit_code = 255;
+                r.reason = "Unknown".into();
+                r.message = "the monitor died without recording the container's exit".into();
+                r.finished_at = now_nanos();
+            });
+        }
+        return lock(&entry.record).clone();
+    };
+    let finished = std::fs::metadata(&files.exit_file)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or_else(now_nanos, |d| d.as_nanos() as i64);
+    let oom = exit.signal == Some(9) && crate::cgroups::oom_killed(&rec.cgroup);
+    let reason = if oom {
+        "OOMKilled"
+    } else if exit.exit_code == 0 {
+        "Completed"
+    } else {
+        "Error"
+    };
+    mark_exited(rt, entry, |r| {
+        r.exit_code = exit.exit_code;
+        r.finished_at = finished.max(r.started_at);
+        if r.reason.is_empty() {
+            r.reason = reason.into();
+        }
+    });
+    lock(&entry.record).clone()
+}
+
+pub(crate) fn is_live(s: ContainerState) -> bool {
+    matches!(
+        s,
+        ContainerState::Created | ContainerState::Running | ContainerState::Unknown
+    )
+}
+
+/// Records the container exited (with `f`'s details) unless another caller did first;
+/// publishes STOPPED if this call did. Returns whether it did. A failure to persist keeps
+/// the change in memory (it is written with the next update).
+pub(crate) fn mark_exited(
+    rt: &Runtime,
+    entry: &ContainerEntry,
+    f: impl FnOnce(&mut ContainerRecord),
+) -> bool {
+    let mut changed = false;
+    let r = entry.update(|r| {
+        if is_live(r.state) {
+            r.state = ContainerState::Exited;
+            f(r);
+            changed = true;
+        }
+    });
+    if let Err(e) = r {
+        tracing::warn!(error = %e, "cannot persist a container's exit; kept in memory");
+    }
+    if changed {
+        let (id, sb) = {
+            let r = lock(&entry.record);
+            (r.id.clone(), r.sandbox_id.clone())
+        };
+        rt.emit(crate::events::EventKind::Stopped, &id, &sb);
+    }
+    changed
+}
+
+/// The refreshed record, if the container is in one of the `ok` states; else
+/// FailedPrecondition with `msg`.
+pub(crate) fn require(
+    rt: &Runtime,
+    entry: &ContainerEntry,
+    ok: &[ContainerState],
+    msg: impl FnOnce(&ContainerRecord) -> String,
+) -> Result<ContainerRecord> {
+    let rec = refresh(rt, entry);
+    if ok.contains(&rec.state) {
+        Ok(rec)
+    } else {
+        Err(Error::FailedPrecondition(msg(&rec)))
+    }
+}

@@ -1,0 +1,85 @@
+//! StopContainer: the stop signal, the grace, then SIGKILL; idempotent.
+
+use std::time::Duration;
+
+use super::status::{is_live, refresh};
+use super::*;
+use crate::error::{Error, Result};
+use crate::events::EventKind;
+use crate::state::now_nanos;
+use crate::{failpoint, lock, ContainerEntry, Runtime};
+
+/// StopContainer: the stop signal, `timeout` to exit, then SIGKILL. Zero timeout kills now.
+/// A container that is not running (or unknown) is success.
+pub(crate) fn stop(rt: &Runtime, id: &str, timeout: Duration) -> Result<()> {
+    let Some(entry) = rt.find_container(id)? else {
+        return Ok(());
+    };
+    let _op = lock(&entry.op);
+    stop_locked(rt, &entry, timeout)
+}
+
+pub(crate) fn stop_locked(rt: &Runtime, entry: &ContainerEntry, timeout: Duration) -> Result<()> {
+    let rec = refresh(rt, entry);
+    if !matches!(
+        rec.state,
+        ContainerState::Running | ContainerState::Created | ContainerState::Unknown
+    ) {
+        return Ok(());
+    }
+    let runtime = rt.handler(&rec.runtime_handler)?;
+    let files = rec.files();
+    let all = rec.shared_pid;
+    if rec.state == ContainerState::Running && !timeout.is_zero() {
+        runtime
+            .kill(&rec.id, &rec.stop_signal, all, &files.runtime_log)
+            .map_err(|e| Error::step("signal container", &rec.id, e))?;
+        failpoint::hit("stopctr:signalled");
+        if files.wait_exit(rec.pid, timeout).is_ok() {
+            refresh(rt, entry);
+            return finish_stop(rt, entry);
+        }
+        tracing::info!(container_id = %rec.id, ?timeout, "container ignored its stop signal; killing it");
+    }
+    runtime
+        .kill(&rec.id, "KILL", all, &files.runtime_log)
+        .map_err(|e| Error::step("kill container", &rec.id, e))?;
+    failpoint::hit("stopctr:killed");
+    files
+        .wait_exit(rec.pid, Duration::from_secs(10))
+        .map_err(|e| Error::step("kill container", &rec.id, e))?;
+    refresh(rt, entry);
+    finish_stop(rt, entry)
+}
+
+/// After a kill: a container whose monitor died without an exit file still counts as exited.
+fn finish_stop(rt: &Runtime, entry: &ContainerEntry) -> Result<()> {
+    let rec = lock(&entry.record).clone();
+    if rec.state == ContainerState::Exited {
+        tracing::info!(container_id = %rec.id, exit_code = rec.exit_code, "container stopped");
+        return Ok(());
+    }
+    let mut changed = false;
+    let r = entry.update(|r| {
+        if is_live(r.state) {
+            changed = true;
+            r.state = ContainerState::Exited;
+            r.exit_code = 137;
+            r.reason = "Error".into();
+            r.message = "the container's processes are gone but its monitor did not record the exit (the monitor is stopped or dead): exit status unknown".into();
+            r.finished_at = now_nanos();
+        }
+    });
+    if changed {
+        rt.emit(EventKind::Stopped, &rec.id, &rec.sandbox_id);
+    }
+    match r {
+        // Kept in memory (update changed it before writing): a full disk must not keep a
+        // stopped container from being reported stopped.
+        Err(e) if e.is_no_space() => {
+            tracing::warn!(container_id = %rec.id, error = %e, "no space to persist the stop");
+            Ok(())
+        }
+        r => r,
+    }
+}

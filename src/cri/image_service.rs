@@ -1,0 +1,109 @@
+//! `ImageService`: pulls, lists, status, removal and the image filesystem's use.
+
+use k8s_cri::v1 as cri;
+use k8s_cri::v1::image_service_server::ImageService;
+use tonic::{Request, Response, Status};
+
+use super::*;
+
+#[tonic::async_trait]
+impl ImageService for CriService {
+    async fn list_images(
+        &self,
+        req: Request<cri::ListImagesRequest>,
+    ) -> Result<Response<cri::ListImagesResponse>, Status> {
+        let want = req
+            .into_inner()
+            .filter
+            .and_then(|f| f.image)
+            .map(|i| i.image)
+            .filter(|i| !i.is_empty());
+        let images = self
+            .blocking("ListImages", "", move |rt| {
+                Ok(match want {
+                    Some(name) => rt.images().get(&name).into_iter().collect(),
+                    None => rt.images().list(),
+                })
+            })
+            .await?;
+        Ok(Response::new(cri::ListImagesResponse {
+            images: images.iter().map(image::image_to_cri).collect(),
+        }))
+    }
+
+    async fn image_status(
+        &self,
+        req: Request<cri::ImageStatusRequest>,
+    ) -> Result<Response<cri::ImageStatusResponse>, Status> {
+        let req = req.into_inner();
+        let name = req.image.map(|i| i.image).unwrap_or_default();
+        let n = name.clone();
+        let img = self
+            .blocking("ImageStatus", &name, move |rt| Ok(rt.images().get(&n)))
+            .await?;
+        // An unknown image is an empty answer, not an error (kubelet then pulls it).
+        let info = verbose_info(req.verbose, img.as_ref());
+        Ok(Response::new(cri::ImageStatusResponse {
+            image: img.as_ref().map(image::image_to_cri),
+            info,
+        }))
+    }
+
+    async fn pull_image(
+        &self,
+        req: Request<cri::PullImageRequest>,
+    ) -> Result<Response<cri::PullImageResponse>, Status> {
+        let deadline = client_deadline(&req);
+        let req = req.into_inner();
+        let name = req.image.map(|i| i.image).unwrap_or_default();
+        let auth = image::auth(req.auth.as_ref()).map_err(|e| codes::status_of(&e))?;
+        let n = name.clone();
+        let pull = self.blocking("PullImage", &name, move |rt| rt.pull_image(&n, &auth));
+        // The client's deadline answers DeadlineExceeded (tonic's own timeout layer would
+        // answer Cancelled); the pull goes on, and a retry joins it or finds the image.
+        let img = match deadline {
+            Some(d) => tokio::time::timeout(d, pull).await.map_err(|_| {
+                Status::deadline_exceeded(format!(
+                    "PullImage {name}: not done within the client's deadline ({d:?}); it goes on in the background"
+                ))
+            })??,
+            None => pull.await?,
+        };
+        tracing::info!(image = %name, image_id = %img.id, "PullImage done");
+        Ok(Response::new(cri::PullImageResponse { image_ref: img.id }))
+    }
+
+    async fn remove_image(
+        &self,
+        req: Request<cri::RemoveImageRequest>,
+    ) -> Result<Response<cri::RemoveImageResponse>, Status> {
+        let name = req.into_inner().image.map(|i| i.image).unwrap_or_default();
+        let n = name.clone();
+        self.call("RemoveImage", &name, move |rt| rt.remove_image(&n))
+            .await?;
+        Ok(Response::new(cri::RemoveImageResponse {}))
+    }
+
+    async fn image_fs_info(
+        &self,
+        _: Request<cri::ImageFsInfoRequest>,
+    ) -> Result<Response<cri::ImageFsInfoResponse>, Status> {
+        let (usage, mountpoint) = self
+            .blocking("ImageFsInfo", "", |rt| {
+                Ok((rt.images().usage(), rt.images().dir.clone()))
+            })
+            .await?;
+        let fs = cri::FilesystemUsage {
+            timestamp: crate::state::now_nanos(),
+            fs_id: Some(cri::FilesystemIdentifier {
+                mountpoint: mountpoint.to_string_lossy().into_owned(),
+            }),
+            used_bytes: Some(cri::UInt64Value { value: usage.0 }),
+            inodes_used: Some(cri::UInt64Value { value: usage.1 }),
+        };
+        Ok(Response::new(cri::ImageFsInfoResponse {
+            image_filesystems: vec![fs],
+            container_filesystems: Vec::new(),
+        }))
+    }
+}

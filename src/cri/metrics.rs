@@ -1,0 +1,453 @@
+//! CRI metrics (`ListMetricDescriptors`, `ListPodSandboxMetrics`) under cAdvisor's names, so
+//! kubelet's `/metrics/cadvisor` keeps its meaning when it reads them from the runtime.
+//! Container metrics carry the labels `id`, `name`, `image`; network ones add `interface`
+//! and filesystem ones `device`. Pod-level metrics (the pod cgroup, the pod's network
+//! namespace) are labelled with the pod's id and name and an empty image. CRI values are
+//! integers: seconds are whole seconds (as CRI-O sends them).
+
+use k8s_cri::v1 as cri;
+
+use crate::cgroups::Detail;
+use crate::metrics::{ContainerUsage, PodUsage};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Labels {
+    Base,
+    Interface,
+    Device,
+}
+
+impl Labels {
+    fn keys(self) -> Vec<String> {
+        let mut k = vec!["id".to_string(), "name".into(), "image".into()];
+        match self {
+            Labels::Base => {}
+            Labels::Interface => k.push("interface".into()),
+            Labels::Device => k.push("device".into()),
+        }
+        k
+    }
+}
+
+struct Def {
+    name: &'static str,
+    help: &'static str,
+    counter: bool,
+    labels: Labels,
+}
+
+const fn d(name: &'static str, help: &'static str, counter: bool, labels: Labels) -> Def {
+    Def {
+        name,
+        help,
+        counter,
+        labels,
+    }
+}
+
+use Labels::{Base, Device, Interface};
+
+const DEFS: &[Def] = &[
+    d(
+        "container_cpu_usage_seconds_total",
+        "Cumulative cpu time consumed in seconds.",
+        true,
+        Base,
+    ),
+    d(
+        "container_cpu_user_seconds_total",
+        "Cumulative user cpu time consumed in seconds.",
+        true,
+        Base,
+    ),
+    d(
+        "container_cpu_system_seconds_total",
+        "Cumulative system cpu time consumed in seconds.",
+        true,
+        Base,
+    ),
+    d(
+        "container_cpu_cfs_periods_total",
+        "Number of elapsed enforcement period intervals.",
+        true,
+        Base,
+    ),
+    d(
+        "container_cpu_cfs_throttled_periods_total",
+        "Number of throttled period intervals.",
+        true,
+        Base,
+    ),
+    d(
+        "container_cpu_cfs_throttled_seconds_total",
+        "Total time duration the container has been throttled.",
+        true,
+        Base,
+    ),
+    d(
+        "container_memory_usage_bytes",
+        "Current memory usage in bytes, including all memory regardless of when it was accessed.",
+        false,
+        Base,
+    ),
+    d(
+        "container_memory_working_set_bytes",
+        "Current working set in bytes.",
+        false,
+        Base,
+    ),
+    d("container_memory_rss", "Size of RSS in bytes.", false, Base),
+    d(
+        "container_memory_cache",
+        "Number of bytes of page cache memory.",
+        false,
+        Base,
+    ),
+    d(
+        "container_memory_mapped_file",
+        "Size of memory mapped files in bytes.",
+        false,
+        Base,
+    ),
+    d(
+        "container_memory_swap",
+        "Container swap usage in bytes.",
+        false,
+        Base,
+    ),
+    d(
+        "container_memory_max_usage_bytes",
+        "Maximum memory usage recorded in bytes.",
+        false,
+        Base,
+    ),
+    d(
+        "container_memory_failcnt",
+        "Number of memory usage hits limits.",
+        true,
+        Base,
+    ),
+    d(
+        "container_oom_events_total",
+        "Count of out of memory events observed for the container.",
+        true,
+        Base,
+    ),
+    d(
+        "container_spec_memory_limit_bytes",
+        "Memory limit for the container.",
+        false,
+        Base,
+    ),
+    d(
+        "container_processes",
+        "Number of processes running inside the container.",
+        false,
+        Base,
+    ),
+    d(
+        "container_threads",
+        "Number of threads running inside the container.",
+        false,
+        Base,
+    ),
+    d(
+        "container_threads_max",
+        "Maximum number of threads allowed inside the container.",
+        false,
+        Base,
+    ),
+    d(
+        "container_start_time_seconds",
+        "Start time of the container since unix epoch in seconds.",
+        false,
+        Base,
+    ),
+    d(
+        "container_last_seen",
+        "Last time a container was seen by the exporter.",
+        false,
+        Base,
+    ),
+    d(
+        "container_fs_usage_bytes",
+        "Number of bytes that are consumed by the container on this filesystem.",
+        false,
+        Device,
+    ),
+    d(
+        "container_fs_inodes_total",
+        "Number of inodes the container uses on this filesystem.",
+        false,
+        Device,
+    ),
+    d(
+        "container_network_receive_bytes_total",
+        "Cumulative count of bytes received.",
+        true,
+        Interface,
+    ),
+    d(
+        "container_network_receive_packets_total",
+        "Cumulative count of packets received.",
+        true,
+        Interface,
+    ),
+    d(
+        "container_network_receive_errors_total",
+        "Cumulative count of errors encountered while receiving.",
+        true,
+        Interface,
+    ),
+    d(
+        "container_network_receive_packets_dropped_total",
+        "Cumulative count of packets dropped while receiving.",
+        true,
+        Interface,
+    ),
+    d(
+        "container_network_transmit_bytes_total",
+        "Cumulative count of bytes transmitted.",
+        true,
+        Interface,
+    ),
+    d(
+        "container_network_transmit_packets_total",
+        "Cumulative count of packets transmitted.",
+        true,
+        Interface,
+    ),
+    d(
+        "container_network_transmit_errors_total",
+        "Cumulative count of errors encountered while transmitting.",
+        true,
+        Interface,
+    ),
+    d(
+        "container_network_transmit_packets_dropped_total",
+        "Cumulative count of packets dropped while transmitting.",
+        true,
+        Interface,
+    ),
+];
+
+/// Every metric `ListPodSandboxMetrics` may send.
+pub fn descriptors() -> Vec<cri::MetricDescriptor> {
+    DEFS.iter()
+        .map(|d| cri::MetricDescriptor {
+            name: d.name.into(),
+            help: d.help.into(),
+            label_keys: d.labels.keys(),
+        })
+        .collect()
+}
+
+struct Out<'a> {
+    metrics: Vec<cri::Metric>,
+    timestamp: i64,
+    base: [&'a str; 3],
+}
+
+impl Out<'_> {
+    fn push(&mut self, name: &'static str, extra: Option<&str>, value: Option<u64>) {
+        let Some(value) = value else { return };
+        let def = DEFS
+            .iter()
+            .find(|d| d.name == name)
+            .expect("a defined metric");
+        let mut labels: Vec<String> = self.base.iter().map(|s| s.to_string()).collect();
+        labels.extend(extra.map(str::to_string));
+        debug_assert_eq!(labels.len(), def.labels.keys().len(), "{name}");
+        self.metrics.push(cri::Metric {
+            name: name.into(),
+            timestamp: self.timestamp,
+            metric_type: if def.counter {
+                cri::MetricType::Counter
+            } else {
+                cri::MetricType::Gauge
+            } as i32,
+            label_values: labels,
+            value: Some(cri::UInt64Value { value }),
+        });
+    }
+
+    fn cgroup(&mut self, c: &Detail) {
+        let secs = |n: Option<u64>| n.map(|n| n / 1_000_000_000);
+        self.push("container_cpu_usage_seconds_total", None, secs(c.cpu_nanos));
+        self.push(
+            "container_cpu_user_seconds_total",
+            None,
+            secs(c.cpu_user_nanos),
+        );
+        self.push(
+            "container_cpu_system_seconds_total",
+            None,
+            secs(c.cpu_system_nanos),
+        );
+        self.push("container_cpu_cfs_periods_total", None, c.cfs_periods);
+        self.push(
+            "container_cpu_cfs_throttled_periods_total",
+            None,
+            c.cfs_throttled_periods,
+        );
+        self.push(
+            "container_cpu_cfs_throttled_seconds_total",
+            None,
+            secs(c.cfs_throttled_nanos),
+        );
+        self.push("container_memory_usage_bytes", None, c.memory_bytes);
+        self.push(
+            "container_memory_working_set_bytes",
+            None,
+            c.working_set_bytes,
+        );
+        self.push("container_memory_rss", None, c.rss_bytes);
+        self.push("container_memory_cache", None, c.cache_bytes);
+        self.push("container_memory_mapped_file", None, c.mapped_file_bytes);
+        self.push("container_memory_swap", None, c.swap_bytes);
+        self.push("container_memory_max_usage_bytes", None, c.max_usage_bytes);
+        self.push("container_memory_failcnt", None, c.failcnt);
+        self.push("container_oom_events_total", None, c.oom_kills);
+        self.push(
+            "container_spec_memory_limit_bytes",
+            None,
+            c.memory_limit_bytes,
+        );
+        self.push("container_processes", None, c.processes);
+        self.push("container_threads", None, c.tasks);
+        self.push("container_threads_max", None, c.tasks_max);
+    }
+}
+
+fn container(c: &ContainerUsage, timestamp: i64) -> cri::ContainerMetrics {
+    let r = &c.record;
+    let name = r.config.metadata.name.as_str();
+    let mut out = Out {
+        metrics: Vec::new(),
+        timestamp,
+        base: [&r.id, name, &r.image_ref],
+    };
+    out.cgroup(&c.cgroup);
+    let secs = |ns: i64| u64::try_from(ns / 1_000_000_000).ok();
+    out.push("container_start_time_seconds", None, secs(r.started_at));
+    out.push("container_last_seen", None, secs(timestamp));
+    let upper = r.dir.join("upper");
+    let device = upper.to_string_lossy();
+    out.push(
+        "container_fs_usage_bytes",
+        Some(&device),
+        Some(c.writable_bytes),
+    );
+    out.push(
+        "container_fs_inodes_total",
+        Some(&device),
+        Some(c.writable_inodes),
+    );
+    cri::ContainerMetrics {
+        container_id: r.id.clone(),
+        metrics: out.metrics,
+    }
+}
+
+/// One pod's metrics: the pod cgroup and its network namespace at pod level, and each
+/// running container's.
+pub fn pod(p: &PodUsage) -> cri::PodSandboxMetrics {
+    let sb = &p.sandbox;
+    let mut out = Out {
+        metrics: Vec::new(),
+        timestamp: p.timestamp,
+        base: [&sb.id, &sb.config.metadata.name, ""],
+    };
+    out.cgroup(&p.cgroup);
+    for i in &p.interfaces {
+        let n = Some(i.name.as_str());
+        out.push("container_network_receive_bytes_total", n, Some(i.rx_bytes));
+        out.push(
+            "container_network_receive_packets_total",
+            n,
+            Some(i.rx_packets),
+        );
+        out.push(
+            "container_network_receive_errors_total",
+            n,
+            Some(i.rx_errors),
+        );
+        out.push(
+            "container_network_receive_packets_dropped_total",
+            n,
+            Some(i.rx_dropped),
+        );
+        out.push(
+            "container_network_transmit_bytes_total",
+            n,
+            Some(i.tx_bytes),
+        );
+        out.push(
+            "container_network_transmit_packets_total",
+            n,
+            Some(i.tx_packets),
+        );
+        out.push(
+            "container_network_transmit_errors_total",
+            n,
+            Some(i.tx_errors),
+        );
+        out.push(
+            "container_network_transmit_packets_dropped_total",
+            n,
+            Some(i.tx_dropped),
+        );
+    }
+    cri::PodSandboxMetrics {
+        pod_sandbox_id: sb.id.clone(),
+        metrics: out.metrics,
+        container_metrics: p
+            .containers
+            .iter()
+            .map(|c| container(c, p.timestamp))
+            .collect(),
+    }
+}
+
+/// The pod's network stats for `PodSandboxStats` (the default interface is `eth0`, else the
+/// first).
+pub fn network_stats(p: &PodUsage) -> Option<cri::NetworkUsage> {
+    let v = |value| Some(cri::UInt64Value { value });
+    let iface = |i: &crate::netdev::Interface| cri::NetworkInterfaceUsage {
+        name: i.name.clone(),
+        rx_bytes: v(i.rx_bytes),
+        rx_errors: v(i.rx_errors),
+        tx_bytes: v(i.tx_bytes),
+        tx_errors: v(i.tx_errors),
+    };
+    let default = p
+        .interfaces
+        .iter()
+        .find(|i| i.name == "eth0")
+        .or_else(|| p.interfaces.first())?;
+    Some(cri::NetworkUsage {
+        timestamp: p.timestamp,
+        default_interface: Some(iface(default)),
+        interfaces: p
+            .interfaces
+            .iter()
+            .filter(|i| i.name != default.name)
+            .map(iface)
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_label_set_matches_its_descriptor() {
+        let names: std::collections::HashSet<_> = DEFS.iter().map(|d| d.name).collect();
+        assert_eq!(names.len(), DEFS.len(), "a metric is defined twice");
+        for d in descriptors() {
+            let def = DEFS.iter().find(|x| x.name == d.name).unwrap();
+            assert_eq!(d.label_keys, def.labels.keys());
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Linux security modules a pod may ask for: AppArmor profiles and SELinux labels. What the
+//! node cannot honour is refused with the field named (a profile that is not loaded, a label
+//! on a node without SELinux), never silently dropped. The one exception, reported in the
+//! log: AppArmor's `RuntimeDefault` on a node with AppArmor but no `sandboxd-default` profile
+//! loaded runs the container unconfined (kubelet asks for it on every AppArmor node).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// CRI AppArmor profile choice.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AppArmor {
+    /// Nothing asked.
+    #[default]
+    Unset,
+    RuntimeDefault,
+    Unconfined,
+    /// A profile loaded on the node, by name.
+    Localhost(String),
+}
+
+/// The profile the runtime's default stands for, when an operator loads one.
+pub const DEFAULT_APPARMOR_PROFILE: &str = "sandboxd-default";
+
+pub fn apparmor_enabled() -> bool {
+    std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
+        .is_ok_and(|s| s.trim() == "Y")
+}
+
+/// Is an AppArmor profile of this name loaded?
+pub fn apparmor_loaded(name: &str) -> bool {
+    crate::untrusted_fs::read_file(
+        std::path::Path::new("/sys/kernel/security/apparmor/profiles"),
+        16 << 20,
+    )
+    .map(|d| {
+        String::from_utf8_lossy(&d)
+            .lines()
+            .any(|l| l.rsplit_once(" (").is_some_and(|(n, _)| n == name))
+    })
+    .unwrap_or(false)
+}
+
+pub fn selinux_enabled() -> bool {
+    std::path::Path::new("/sys/fs/selinux/enforce").exists()
+}
+
+/// The AppArmor profile to put in the spec, or an error naming `field` when it cannot be
+/// honoured on this node.
+pub fn apparmor_profile(a: &AppArmor, field: &str) -> Result<Option<String>> {
+    match a {
+        AppArmor::Unset | AppArmor::Unconfined => Ok(None),
+        AppArmor::RuntimeDefault => {
+            if !apparmor_enabled() {
+                return Ok(None);
+            }
+            if apparmor_loaded(DEFAULT_APPARMOR_PROFILE) {
+                return Ok(Some(DEFAULT_APPARMOR_PROFILE.into()));
+            }
+            tracing::warn!(
+                "{field}: RuntimeDefault asked, but no {DEFAULT_APPARMOR_PROFILE} AppArmor profile is loaded on this node; running unconfined"
+            );
+            Ok(None)
+        }
+        AppArmor::Localhost(name) => {
+            if name.is_empty() || name.len() > 255 || name.contains(['\n', '\0']) {
+                return Err(Error::InvalidArgument(format!(
+                    "{field}: {name:?} is not a profile name"
+                )));
+            }
+            if !apparmor_enabled() {
+                return Err(Error::InvalidArgument(format!(
+                    "{field}: AppArmor is not enabled on this node; profile {name:?} cannot be applied"
+                )));
+            }
+            if !apparmor_loaded(name) {
+                return Err(Error::InvalidArgument(format!(
+                    "{field}: AppArmor profile {name:?} is not loaded on this node"
+                )));
+            }
+            Ok(Some(name.clone()))
+        }
+    }
+}
+
+/// `user:role:type:level` from CRI `SELinuxOption` fields (all empty = none); refused on a
+/// node without SELinux, or when only some are given.
+pub fn selinux_label(fields: [&str; 4], field: &str) -> Result<Option<String>> {
+    if fields.iter().all(|f| f.is_empty()) {
+        return Ok(None);
+    }
+    // The level may hold ':' (`s0:c1,c2`); the others may not.
+    if fields[..3].iter().any(|f| f.contains(':'))
+        || fields
+            .iter()
+            .any(|f| f.contains(['\n', '\0']) || f.len() > 255)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "{field}: {fields:?} is not an SELinux label"
+        )));
+    }
+    if !selinux_enabled() {
+        return Err(Error::InvalidArgument(format!(
+            "{field}: SELinux is not enabled on this node; the label {} cannot be applied",
+            fields.join(":")
+        )));
+    }
+    if fields.iter().any(|f| f.is_empty()) {
+        return Err(Error::InvalidArgument(format!(
+            "{field}: user, role, type and level are all needed ({fields:?})"
+        )));
+    }
+    Ok(Some(fields.join(":")))
+}

@@ -1,0 +1,121 @@
+//! What the daemon measures: per-pod resource use for CRI metrics and stats (cgroups, the
+//! pod's network namespace, container writable layers), and the daemon's own operation
+//! metrics served in the Prometheus text format ([`prom`]) when `--metrics-address` is set.
+
+pub mod prom;
+
+use crate::cgroups::Detail;
+use crate::netdev::Interface;
+use crate::{ContainerRecord, ContainerState, Runtime, SandboxRecord, SandboxState};
+
+/// One ready pod's use, read now.
+#[derive(Debug, Clone)]
+pub struct PodUsage {
+    pub sandbox: SandboxRecord,
+    /// The pod cgroup (which holds every container's).
+    pub cgroup: Detail,
+    /// The pod's network namespace's interfaces (none for a host-network pod).
+    pub interfaces: Vec<Interface>,
+    pub containers: Vec<ContainerUsage>,
+    /// When it was read (Unix nanoseconds).
+    pub timestamp: i64,
+}
+
+/// One running container's use.
+#[derive(Debug, Clone)]
+pub struct ContainerUsage {
+    pub record: ContainerRecord,
+    pub cgroup: Detail,
+    /// What the container wrote to its rootfs (its overlay upper dir).
+    pub writable_bytes: u64,
+    pub writable_inodes: u64,
+}
+
+impl Runtime {
+    /// The use of the pods `filter` matches and of their running containers.
+    pub fn pods_usage(&self, filter: &crate::SandboxFilter) -> Vec<PodUsage> {
+        let running = self.list_containers(&crate::ContainerFilter {
+            state: Some(ContainerState::Running),
+            ..Default::default()
+        });
+        self.list_pod_sandboxes(filter)
+            .iter()
+            .filter_map(|s| self.sandbox_record(&s.id).ok())
+            .map(|sb| self.usage_of(sb, &running))
+            .collect()
+    }
+
+    /// One pod's use; `NotFound` for an unknown id.
+    pub fn pod_usage_detail(&self, id: &str) -> crate::Result<PodUsage> {
+        let sb = self.sandbox_record(id)?;
+        let running = self.list_containers(&crate::ContainerFilter {
+            sandbox_id: Some(sb.id.clone()),
+            state: Some(ContainerState::Running),
+            ..Default::default()
+        });
+        Ok(self.usage_of(sb, &running))
+    }
+
+    /// The use of the containers `filter` matches.
+    pub fn containers_usage(&self, filter: &crate::ContainerFilter) -> Vec<ContainerUsage> {
+        self.list_containers(filter)
+            .into_iter()
+            .map(|r| self.usage_of_container(r))
+            .collect()
+    }
+
+    /// One container's use; `NotFound` for an unknown id.
+    pub fn container_usage_detail(&self, id: &str) -> crate::Result<ContainerUsage> {
+        Ok(self.usage_of_container(self.container_record(id)?))
+    }
+
+    /// A container's use: its cgroup, or — when its cgroup holds no process although it
+    /// runs (a sandboxed runtime keeps every container in its sandbox's cgroup) — what the
+    /// runtime measures (`events --stats`).
+    fn usage_of_container(&self, record: ContainerRecord) -> ContainerUsage {
+        let (bytes, inodes) = crate::state::disk_usage(&record.dir.join("upper"));
+        let mut cgroup = crate::cgroups::detail(&record.cgroup);
+        let empty = matches!(cgroup.processes, None | Some(0));
+        if empty && record.state == ContainerState::Running {
+            let stats = self
+                .handler(&record.runtime_handler)
+                .ok()
+                .and_then(|h| h.stats(&record.id).ok());
+            if let Some(s) = stats {
+                cgroup.cpu_nanos = s.cpu_nanos.or(cgroup.cpu_nanos);
+                cgroup.memory_bytes = s.memory_bytes.or(cgroup.memory_bytes);
+                cgroup.working_set_bytes = s.memory_bytes.or(cgroup.working_set_bytes);
+                cgroup.tasks = s.tasks.or(cgroup.tasks);
+                cgroup.processes = s.tasks.or(cgroup.processes);
+            }
+        }
+        ContainerUsage {
+            cgroup,
+            writable_bytes: bytes,
+            writable_inodes: inodes,
+            record,
+        }
+    }
+
+    fn usage_of(&self, sb: SandboxRecord, running: &[ContainerRecord]) -> PodUsage {
+        let interfaces = match (&sb.netns, sb.state) {
+            (Some(ns), SandboxState::Ready) => crate::netdev::read(ns).unwrap_or_else(|e| {
+                tracing::debug!(sandbox_id = %sb.id, error = %e, "cannot read the pod's interface counters");
+                Vec::new()
+            }),
+            _ => Vec::new(),
+        };
+        let containers = running
+            .iter()
+            .filter(|c| c.sandbox_id == sb.id)
+            .map(|c| self.usage_of_container(c.clone()))
+            .collect();
+        PodUsage {
+            cgroup: crate::cgroups::detail(&sb.pod_cgroup(self.config())),
+            interfaces,
+            containers,
+            timestamp: crate::state::now_nanos(),
+            sandbox: sb,
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! gVisor (`runsc`) as a runtime handler: the flags it needs on this host, detected once.
+//!
+//! The platform is `ptrace` (KVM needs nested virtualisation, which many hosts lack). gVisor's
+//! own network stack (`--network=sandbox`) takes the pod's interfaces over from the
+//! pre-created netns, but runsc releases before 2024-08 decide that a netns is the host's by
+//! finding `/proc/sys/net/core/rmem_default` in it — which newer kernels show in every netns,
+//! so such a runsc refuses every pod ("cannot run with network enabled in root network
+//! namespace"). There the handler uses `--network=host`: the sandbox still runs in the pod's
+//! netns, with its CNI interface, but its sockets go to the kernel's stack of that netns.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+/// The first runsc release whose netns check works on kernels that show
+/// `net.core.rmem_default` per netns.
+const NETSTACK_FIXED: u32 = 20240801;
+
+/// The flags of the built-in runsc handler.
+pub fn default_args(runsc: &Path) -> Vec<String> {
+    static ARGS: OnceLock<Vec<String>> = OnceLock::new();
+    ARGS.get_or_init(|| {
+        let mut args = vec!["--platform=ptrace".to_string()];
+        if !netstack_usable(runsc) {
+            args.push("--network=host".into());
+        }
+        args
+    })
+    .clone()
+}
+
+/// The release date in `runsc --version` (`release-20240801.0` or Debian's
+/// `0.0~20221219.0`).
+pub fn release_date(version: &str) -> Option<u32> {
+    let line = version.lines().next()?;
+    let digits: String = line
+        .split(|c: char| !c.is_ascii_digit())
+        .find(|w| w.len() == 8)?
+        .to_string();
+    digits.parse().ok()
+}
+
+fn netstack_usable(runsc: &Path) -> bool {
+    let mut c = std::process::Command::new(runsc);
+    c.arg("--version");
+    let out = crate::process::run(c, b"", std::time::Duration::from_secs(10));
+    let date = out
+        .ok()
+        .and_then(|o| release_date(&String::from_utf8_lossy(&o.stdout)));
+    match date {
+        Some(d) if d >= NETSTACK_FIXED => true,
+        // Old (or unknown) release: usable only where a new netns hides rmem_default.
+        _ => {
+            let shown = rmem_default_in_new_netns().unwrap_or(true);
+            if shown {
+                tracing::warn!(
+                    runsc = %runsc.display(),
+                    release = ?date,
+                    "this runsc cannot use its own network stack on this kernel; the runsc handler uses --network=host in the pod's netns"
+                );
+            }
+            !shown
+        }
+    }
+}
+
+/// Does a fresh network namespace show `net.core.rmem_default`?
+fn rmem_default_in_new_netns() -> Option<bool> {
+    std::thread::spawn(|| {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).ok()?;
+        // /proc/sys/net shows the netns of the task that opens it: this thread's new one.
+        Some(std::fs::File::open("/proc/sys/net/core/rmem_default").is_ok())
+    })
+    .join()
+    .ok()
+    .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_release_dates() {
+        assert_eq!(
+            release_date("runsc version 0.0~20221219.0\nspec: 1.0.2-dev"),
+            Some(20221219)
+        );
+        assert_eq!(
+            release_date("runsc version release-20240801.0\n"),
+            Some(20240801)
+        );
+        assert_eq!(release_date("runsc version"), None);
+    }
+}

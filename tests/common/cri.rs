@@ -1,0 +1,109 @@
+//! CRI calls through the daemon's gRPC socket, as the conformance-style tests make them:
+//! pod and container configs from crictl-style JSON, and the common calls, each panicking
+//! with the daemon's answer on failure.
+
+use k8s_cri::v1 as cri;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use tonic::transport::Channel;
+
+use super::busybox;
+use super::daemon::{client, rt, Daemon};
+use super::Env;
+
+pub const IMAGE: &str = "sandboxd.test/busybox:conf";
+
+pub type Client = RuntimeServiceClient<Channel>;
+
+/// A daemon with the busybox image imported, and a client.
+pub fn daemon(env: &Env) -> (Daemon, tokio::runtime::Runtime, Client) {
+    daemon_with(env, &env.cfg)
+}
+
+/// [`daemon`] with the test's config changed.
+pub fn daemon_with(env: &Env, cfg: &sandboxd::Config) -> (Daemon, tokio::runtime::Runtime, Client) {
+    sandboxd::image::ImageStore::new(env.cfg.root.join("images"))
+        .unwrap()
+        .import(&busybox::oci_layout(&env.base, IMAGE), None)
+        .unwrap();
+    let d = Daemon::start_with(env, cfg);
+    let rt = rt();
+    let c = rt.block_on(client(&d.socket));
+    (d, rt, c)
+}
+
+pub fn pod(name: &str, extra: serde_json::Value) -> cri::PodSandboxConfig {
+    let mut v = serde_json::json!({"metadata": {"name": name, "namespace": "conf", "uid": format!("uid-{name}")}});
+    merge(&mut v, extra);
+    sandboxd::cri::crictl_json::pod_config(v.to_string().as_bytes()).unwrap()
+}
+
+pub fn ctr(name: &str, cmd: &[&str], extra: serde_json::Value) -> cri::ContainerConfig {
+    let mut v =
+        serde_json::json!({"metadata": {"name": name}, "image": {"image": IMAGE}, "command": cmd});
+    merge(&mut v, extra);
+    sandboxd::cri::crictl_json::container_config(v.to_string().as_bytes()).unwrap()
+}
+
+pub fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
+    if let (Some(a), serde_json::Value::Object(b)) = (a.as_object_mut(), b) {
+        for (k, v) in b {
+            match a.get_mut(&k) {
+                Some(x) if x.is_object() && v.is_object() => merge(x, v),
+                _ => {
+                    a.insert(k, v);
+                }
+            }
+        }
+    }
+}
+
+pub fn run_pod(rt: &tokio::runtime::Runtime, c: &mut Client, p: &cri::PodSandboxConfig) -> String {
+    rt.block_on(c.run_pod_sandbox(cri::RunPodSandboxRequest {
+        config: Some(p.clone()),
+        runtime_handler: String::new(),
+    }))
+    .unwrap()
+    .into_inner()
+    .pod_sandbox_id
+}
+
+pub fn create(
+    rt: &tokio::runtime::Runtime,
+    c: &mut Client,
+    sb: &str,
+    p: &cri::PodSandboxConfig,
+    cfg: cri::ContainerConfig,
+) -> Result<String, tonic::Status> {
+    rt.block_on(c.create_container(cri::CreateContainerRequest {
+        pod_sandbox_id: sb.into(),
+        config: Some(cfg),
+        sandbox_config: Some(p.clone()),
+    }))
+    .map(|r| r.into_inner().container_id)
+}
+
+pub fn start(rt: &tokio::runtime::Runtime, c: &mut Client, id: &str) {
+    rt.block_on(c.start_container(cri::StartContainerRequest {
+        container_id: id.into(),
+    }))
+    .unwrap();
+}
+
+pub fn exec(rt: &tokio::runtime::Runtime, c: &mut Client, id: &str, script: &str) -> String {
+    let r = rt
+        .block_on(c.exec_sync(cri::ExecSyncRequest {
+            container_id: id.into(),
+            cmd: vec!["sh".into(), "-c".into(), script.into()],
+            timeout: 10,
+        }))
+        .unwrap()
+        .into_inner();
+    String::from_utf8_lossy(&r.stdout).into_owned() + &String::from_utf8_lossy(&r.stderr)
+}
+
+pub fn remove_pod(rt: &tokio::runtime::Runtime, c: &mut Client, sb: &str) {
+    rt.block_on(c.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+        pod_sandbox_id: sb.into(),
+    }))
+    .unwrap();
+}

@@ -1,0 +1,80 @@
+//! A registry that misbehaves on purpose (fault injection for the pull's bounds): a plain
+//! HTTP/1.1 server on 127.0.0.1 that answers each path with what the test says, including
+//! lies a real registry would not tell (a body longer than its descriptor, a huge manifest).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::sync::Arc;
+
+/// One answer: status, content type, body, and whether to send a Content-Length.
+#[derive(Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub content_type: String,
+    pub body: Arc<Vec<u8>>,
+    pub content_length: bool,
+}
+
+impl Answer {
+    pub fn json(body: Vec<u8>, content_type: &str) -> Answer {
+        Answer {
+            status: 200,
+            content_type: content_type.into(),
+            body: Arc::new(body),
+            content_length: true,
+        }
+    }
+}
+
+pub struct FakeRegistry {
+    pub addr: String,
+}
+
+impl FakeRegistry {
+    /// Serves `route(path)` (None = 404) until the test process ends.
+    pub fn start(route: impl Fn(&str) -> Option<Answer> + Send + Sync + 'static) -> FakeRegistry {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let route = Arc::new(route);
+        std::thread::spawn(move || {
+            for conn in l.incoming().flatten() {
+                let route = route.clone();
+                std::thread::spawn(move || {
+                    let mut r = BufReader::new(conn.try_clone().unwrap());
+                    let mut line = String::new();
+                    if r.read_line(&mut line).is_err() {
+                        return;
+                    }
+                    let path = line.split(' ').nth(1).unwrap_or("").to_string();
+                    loop {
+                        let mut h = String::new();
+                        if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                            break;
+                        }
+                    }
+                    let mut w = conn;
+                    match route(&path) {
+                        Some(a) => {
+                            let mut head = format!(
+                                "HTTP/1.1 {} X\r\nContent-Type: {}\r\nConnection: close\r\n",
+                                a.status, a.content_type
+                            );
+                            if a.content_length {
+                                head += &format!("Content-Length: {}\r\n", a.body.len());
+                            }
+                            head += "\r\n";
+                            let _ = w.write_all(head.as_bytes());
+                            let _ = w.write_all(&a.body);
+                        }
+                        None => {
+                            let _ = w.write_all(
+                                b"HTTP/1.1 404 X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                            );
+                        }
+                    }
+                });
+            }
+        });
+        FakeRegistry { addr }
+    }
+}
