@@ -949,13 +949,15 @@ fn the_daemon_stays_bounded_and_responsive_under_attack() {
         "ExecSync peak {hwm} KiB, idle {idle_kib} KiB: not bounded by the output cap"
     );
 
-    // Exec sessions to clients that stop reading.
+    // Exec sessions to clients that stop reading, and one whose process floods the stderr
+    // its client did not ask for (drained and dropped, not buffered).
     let mut clients = Vec::new();
-    for _ in 0..4 {
+    for i in 0..5 {
+        let cmd = if i < 4 { "cat /dev/zero" } else { "cat /dev/zero >&2" };
         let url = tokio
             .block_on(c.exec(cri::ExecRequest {
                 container_id: id.clone(),
-                cmd: vec!["cat".into(), "/dev/zero".into()],
+                cmd: vec!["sh".into(), "-c".into(), cmd.into()],
                 tty: false,
                 stdin: false,
                 stdout: true,

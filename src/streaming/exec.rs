@@ -155,6 +155,11 @@ fn set_winsize(fd: &OwnedFd, s: TermSize) {
     unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
 }
 
+/// How much of the runtime's stderr is kept for the log when the client has no stderr stream.
+const OWN_STDERR_CAP: usize = 64 * 1024;
+/// How long output is drained after the process exits.
+const DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Runs `cmd` in container `id` with the runtime's `exec`, wired to `streams`, and returns
 /// how it ended. The process is reaped; if the client goes away first it is killed.
 pub async fn exec(
@@ -314,7 +319,12 @@ pub async fn exec(
                     Some(tx) => {
                         let _ = tx.send(Bytes::copy_from_slice(&buf[..n])).await;
                     }
-                    None => own.extend_from_slice(&buf[..n]),
+                    // Without a stderr stream the process's stderr comes here too: keep only
+                    // the start (for the log), drain and drop the rest.
+                    None => {
+                        let room = OWN_STDERR_CAP.saturating_sub(own.len());
+                        own.extend_from_slice(&buf[..n.min(room)]);
+                    }
                 }
             }
         }
@@ -337,15 +347,21 @@ pub async fn exec(
     for t in inputs {
         t.abort();
     }
-    for t in tasks {
-        // EOF comes once the process and anything it left holding the output are gone.
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), t).await;
+    for mut t in tasks {
+        // EOF comes once the process and anything it left holding the output are gone; a
+        // background child that keeps the pipe open does not keep the task (or its pipe) alive.
+        if tokio::time::timeout(DRAIN, &mut t).await.is_err() {
+            t.abort();
+        }
     }
-    let own_err = tokio::time::timeout(std::time::Duration::from_secs(2), err_task)
-        .await
-        .ok()
-        .and_then(|r| r.ok())
-        .unwrap_or_default();
+    let mut err_task = err_task;
+    let own_err = match tokio::time::timeout(DRAIN, &mut err_task).await {
+        Ok(r) => r.unwrap_or_default(),
+        Err(_) => {
+            err_task.abort();
+            Vec::new()
+        }
+    };
     cleanup();
     match status {
         Ok(s) => {

@@ -2,8 +2,9 @@
 //! framing, zlib header compression with the SPDY/3 dictionary (one compression context per
 //! direction per connection, a sync flush per header block), SYN_REPLY for every stream the
 //! client opens before any data on it, PING echo, GOAWAY at the end. Received data is
-//! acknowledged with WINDOW_UPDATE (stream and session); the send window is not enforced,
-//! since Go's spdystream, which kubelet and kubectl use, never sends WINDOW_UPDATE.
+//! acknowledged with WINDOW_UPDATE (stream and session). Our sends honour the peer's window
+//! once it sends a WINDOW_UPDATE (it does flow control); Go's spdystream, which kubelet and
+//! kubectl use, never does, so for it a fixed per-session send budget bounds what we queue.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
