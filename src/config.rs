@@ -67,6 +67,8 @@ pub struct Config {
     pub ipcns_dir: PathBuf,
     /// Where UTS namespaces of pods without an infra process are pinned.
     pub utsns_dir: PathBuf,
+    /// Where the user namespaces of pods that have their own are pinned.
+    pub userns_dir: PathBuf,
     pub cni_conf_dir: PathBuf,
     pub cni_bin_dirs: Vec<PathBuf>,
     #[serde(with = "secs")]
@@ -157,6 +159,7 @@ impl Default for Config {
             netns_dir: PathBuf::from("/var/run/netns"),
             ipcns_dir: PathBuf::from("/var/run/ipcns"),
             utsns_dir: PathBuf::from("/var/run/utsns"),
+            userns_dir: PathBuf::from("/var/run/userns"),
             cni_conf_dir: PathBuf::from("/etc/cni/net.d"),
             cni_bin_dirs: vec![PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")],
             cni_plugin_timeout: Duration::from_secs(60),
@@ -182,6 +185,16 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Every dir namespaces are pinned in.
+    pub fn namespace_dirs(&self) -> [&PathBuf; 4] {
+        [
+            &self.netns_dir,
+            &self.ipcns_dir,
+            &self.utsns_dir,
+            &self.userns_dir,
+        ]
+    }
+
     /// A config whose every host path lives under `base` (state root, namespace dirs,
     /// default-network IPAM), for tests and for several daemons on one host.
     pub fn rooted_at(base: &Path) -> Self {
@@ -190,6 +203,7 @@ impl Config {
             netns_dir: base.join("netns"),
             ipcns_dir: base.join("ipcns"),
             utsns_dir: base.join("utsns"),
+            userns_dir: base.join("userns"),
             cni_conf_dir: base.join("cni-conf"),
             ..Config::default()
         }

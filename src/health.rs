@@ -11,7 +11,9 @@ pub struct HandlerStatus {
     /// Recursively read-only mounts are made by the daemon itself (open_tree +
     /// mount_setattr), so every handler has them where the kernel does.
     pub recursive_read_only_mounts: bool,
-    /// Pod user namespaces are not implemented: never offered.
+    /// Pods with their own user namespace: where the node can make them (`userns::probe`)
+    /// and the handler runs containers on the node's kernel (not a sandboxed or VM runtime,
+    /// which brings its own).
     pub user_namespaces: bool,
 }
 
@@ -34,21 +36,58 @@ impl Runtime {
             Ok(l)
         });
         let rro = crate::mounts::recursive_read_only_supported();
+        let mut handlers: Vec<HandlerStatus> = self
+            .cfg
+            .runtimes
+            .iter()
+            // A handler whose binary is missing cannot run anything: not offered.
+            .filter(|(_, h)| h.path.is_file())
+            .map(|(name, _)| HandlerStatus {
+                name: name.clone(),
+                recursive_read_only_mounts: rro,
+                user_namespaces: self.user_namespaces(name).is_ok(),
+            })
+            .collect();
+        // The default handler once more under the empty name, as api.proto says (kubelet
+        // looks up pods without a RuntimeClass under it).
+        if let Some(d) = handlers.iter().find(|h| h.name == self.cfg.default_runtime) {
+            handlers.push(HandlerStatus {
+                name: String::new(),
+                ..d.clone()
+            });
+        }
         RuntimeHealth {
             network,
-            handlers: self
-                .cfg
-                .runtimes
-                .iter()
-                // A handler whose binary is missing cannot run anything: not offered.
-                .filter(|(_, h)| h.path.is_file())
-                .map(|(name, _)| HandlerStatus {
-                    name: name.clone(),
-                    recursive_read_only_mounts: rro,
-                    user_namespaces: false,
-                })
-                .collect(),
+            handlers,
             quarantined: self.quarantined(),
         }
+    }
+
+    /// Whether pods of `handler` can have their own user namespace here, or why not. The
+    /// node's support is probed once.
+    pub fn user_namespaces(&self, handler: &str) -> Result<(), String> {
+        let h = self
+            .cfg
+            .runtimes
+            .get(handler)
+            .ok_or_else(|| format!("no runtime handler {handler:?}"))?;
+        if h.needs_sandbox_process {
+            return Err(format!(
+                "runtime handler {handler:?} runs pods in a sandbox of its own, which brings its own user namespace handling"
+            ));
+        }
+        self.userns_support
+            .get_or_init(|| {
+                let r = crate::userns::probe(&self.cfg.root.join("userns-probe"));
+                match &r {
+                    Ok(()) => tracing::info!("pods can have user namespaces on this node"),
+                    Err(e) => {
+                        tracing::info!(reason = %e, "pods cannot have user namespaces on this node")
+                    }
+                }
+                r
+            })
+            .clone()
+            .map_err(|e| format!("this node cannot run pods in user namespaces: {e}"))
     }
 }

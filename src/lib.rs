@@ -28,6 +28,7 @@ pub mod state;
 pub mod streaming;
 pub mod sysctl;
 pub mod untrusted_fs;
+mod userns;
 pub mod validate;
 
 use std::collections::HashMap;
@@ -80,6 +81,8 @@ pub struct Runtime {
     pub(crate) exit_watch: events::watch::ExitWatcher,
     /// The daemon's own operation metrics (served with `--metrics-address`).
     pub(crate) metrics: Arc<metrics::prom::DaemonMetrics>,
+    /// Whether pods can have user namespaces here (`userns::probe`, tried at first need).
+    pub(crate) userns_support: std::sync::OnceLock<std::result::Result<(), String>>,
 }
 
 /// The outcome of one pull, shared by everyone who asked for it while it ran.
@@ -122,8 +125,14 @@ impl Runtime {
         }
         // Nothing under the root is any other user's business: every dir 0700 from the
         // start (and made so on a root an older version left more open).
+        // (The root itself stays traversable while pods in user namespaces use it: see
+        // `userns::pod_root_dir`.)
         state::files::private_dir_all(&cfg.root)?;
-        state::files::restrict_dir(&cfg.root)?;
+        std::fs::set_permissions(
+            &cfg.root,
+            std::os::unix::fs::PermissionsExt::from_mode(userns::root_mode(&cfg.root)),
+        )
+        .map_err(|e| error::HostError::io("chmod", &cfg.root, e))?;
         for d in [
             "sandboxes",
             "containers",
@@ -139,7 +148,7 @@ impl Runtime {
             state::files::private_dir_all(&p)?;
             state::files::restrict_dir(&p)?;
         }
-        for d in [&cfg.netns_dir, &cfg.ipcns_dir, &cfg.utsns_dir] {
+        for d in cfg.namespace_dirs() {
             mounts::make_shared_dir(d)?;
         }
         let monitor = Config::helper_path(&cfg.monitor_path, "sandboxd-monitor");
@@ -202,6 +211,7 @@ impl Runtime {
             exec_output: process::OutputBudget::new(cfg_budget),
             events: Arc::new(events::Hub::new(events_backlog, events_max)),
             metrics: Arc::new(metrics::prom::DaemonMetrics::new()),
+            userns_support: std::sync::OnceLock::new(),
             exit_watch: events::watch::ExitWatcher::new(),
         })
     }

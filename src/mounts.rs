@@ -109,19 +109,39 @@ pub fn mount_overlay(
     work: &Path,
     target: &Path,
 ) -> Result<(), HostError> {
-    // The upper dir is the container's `/` (an overlay's root takes the upper dir's mode):
-    // 0755 like any root directory; the container dir around it (0700) keeps others out.
-    for d in [work, target] {
-        crate::state::files::private_dir_all(d)?;
-    }
-    {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(upper)
-            .map_err(|e| HostError::io("create", upper, e))?;
-    }
+    overlay_dirs(upper, work)?;
+    crate::state::files::private_dir_all(target)?;
+    let data = overlay_data(lower, upper, work)?;
+    mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        MsFlags::empty(),
+        Some(data.as_str()),
+    )
+    .map_err(|e| HostError::sys("mount overlay rootfs on", target, e))
+}
+
+/// Creates an overlay's `upper` and `work` dirs. The upper dir is the container's `/` (an
+/// overlay's root takes the upper dir's mode): 0755 like any root directory; the container
+/// dir around it (0700) keeps others out.
+pub(crate) fn overlay_dirs(upper: &Path, work: &Path) -> Result<(), HostError> {
+    use std::os::unix::fs::DirBuilderExt;
+    crate::state::files::private_dir_all(work)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(upper)
+        .map_err(|e| HostError::io("create", upper, e))
+}
+
+/// Overlay mount options for `lower` (top layer first), `upper` and `work`. The mount data
+/// must fit in a page, which bounds the number of layers.
+pub(crate) fn overlay_data(
+    lower: &[PathBuf],
+    upper: &Path,
+    work: &Path,
+) -> Result<String, HostError> {
     let join = |p: &Path| {
         p.to_string_lossy()
             .replace('\\', "\\\\")
@@ -141,14 +161,7 @@ pub fn mount_overlay(
             data.len()
         )));
     }
-    mount(
-        Some("overlay"),
-        target,
-        Some("overlay"),
-        MsFlags::empty(),
-        Some(data.as_str()),
-    )
-    .map_err(|e| HostError::sys("mount overlay rootfs on", target, e))
+    Ok(data)
 }
 
 /// Lazily unmounts every mount stacked at `path`. Not mounted is success.
@@ -288,8 +301,8 @@ pub fn propagation_of(path: &Path) -> Result<(PathBuf, bool, bool), HostError> {
 /// Linux 5.12)? Probed once.
 pub fn recursive_read_only_supported() -> bool {
     static PROBE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *PROBE.get_or_init(|| match open_tree_clone(Path::new("/proc/self")) {
-        Ok(fd) => set_recursive_read_only(&fd).is_ok(),
+    *PROBE.get_or_init(|| match clone_tree(Path::new("/proc/self"), true) {
+        Ok(fd) => set_attrs(&fd, MOUNT_ATTR_RDONLY, None, true).is_ok(),
         Err(_) => false,
     })
 }
@@ -303,22 +316,24 @@ struct MountAttr {
     userns_fd: u64,
 }
 
-const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub(crate) const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub(crate) const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 
-/// A detached copy of the mount tree at `path` (open_tree with OPEN_TREE_CLONE, recursive).
-fn open_tree_clone(path: &Path) -> Result<OwnedFd, HostError> {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| HostError::Other(format!("{} contains NUL", path.display())))?;
+fn cpath(path: &Path) -> Result<std::ffi::CString, HostError> {
+    std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| HostError::Other(format!("{} contains NUL", path.display())))
+}
+
+/// A detached copy of the mount at `path` (open_tree with OPEN_TREE_CLONE), with its
+/// submounts if `recursive`.
+pub(crate) fn clone_tree(path: &Path, recursive: bool) -> Result<OwnedFd, HostError> {
+    let c = cpath(path)?;
+    let mut flags = (libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC) as libc::c_uint;
+    if recursive {
+        flags |= libc::AT_RECURSIVE as libc::c_uint;
+    }
     // SAFETY: open_tree takes a dirfd, a valid NUL-terminated path and flags; returns a fd.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            (libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC) as libc::c_uint
-                | libc::AT_RECURSIVE as libc::c_uint,
-        )
-    };
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), flags) };
     if fd < 0 {
         return Err(HostError::io(
             "open_tree",
@@ -330,15 +345,26 @@ fn open_tree_clone(path: &Path) -> Result<OwnedFd, HostError> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-fn set_recursive_read_only(tree: &OwnedFd) -> Result<(), HostError> {
+/// Sets `attr_set` (MOUNT_ATTR_*) and private propagation on a detached tree; with a user
+/// namespace, idmaps it with that namespace's maps.
+pub(crate) fn set_attrs(
+    tree: &OwnedFd,
+    attr_set: u64,
+    userns: Option<std::os::fd::BorrowedFd<'_>>,
+    recursive: bool,
+) -> Result<(), HostError> {
     let attr = MountAttr {
-        attr_set: MOUNT_ATTR_RDONLY,
+        attr_set,
         attr_clr: 0,
         // c_ulong: u64 here, narrower on some targets.
         #[allow(clippy::unnecessary_cast)]
         propagation: libc::MS_PRIVATE as u64,
-        userns_fd: 0,
+        userns_fd: userns.map_or(0, |u| u.as_raw_fd() as u64),
     };
+    let mut flags = libc::AT_EMPTY_PATH as libc::c_uint;
+    if recursive {
+        flags |= libc::AT_RECURSIVE as libc::c_uint;
+    }
     let empty = c"";
     // SAFETY: mount_setattr on a mount fd we own, with an empty path and a mount_attr we own
     // of the size we pass.
@@ -347,29 +373,28 @@ fn set_recursive_read_only(tree: &OwnedFd) -> Result<(), HostError> {
             libc::SYS_mount_setattr,
             tree.as_raw_fd(),
             empty.as_ptr(),
-            (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint,
+            flags,
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
     };
     if r < 0 {
         return Err(HostError::Other(format!(
-            "mount_setattr read-only: {}",
+            "mount_setattr {}: {}",
+            if userns.is_some() {
+                "idmap"
+            } else {
+                "read-only"
+            },
             std::io::Error::last_os_error()
         )));
     }
     Ok(())
 }
 
-/// Mounts a recursively read-only, private copy of the tree at `source` onto `target` (an
-/// empty dir, created here): every submount read-only too, which a runtime's `ro` bind does
-/// not give (runc before 1.2 has no `rro`). The runtime then binds `target`.
-pub fn mount_recursive_read_only(source: &Path, target: &Path) -> Result<(), HostError> {
-    crate::state::files::private_dir_all(target)?;
-    let tree = open_tree_clone(source)?;
-    set_recursive_read_only(&tree)?;
-    let t = std::ffi::CString::new(target.as_os_str().as_encoded_bytes())
-        .map_err(|_| HostError::Other(format!("{} contains NUL", target.display())))?;
+/// Attaches a detached tree at `target`.
+pub(crate) fn attach(tree: &OwnedFd, target: &Path) -> Result<(), HostError> {
+    let t = cpath(target)?;
     let empty = c"";
     // SAFETY: move_mount of a detached tree fd we own onto a valid NUL-terminated path.
     let r = unsafe {
@@ -384,12 +409,38 @@ pub fn mount_recursive_read_only(source: &Path, target: &Path) -> Result<(), Hos
     };
     if r < 0 {
         return Err(HostError::io(
-            "attach read-only tree onto",
+            "attach mount tree onto",
             target,
             std::io::Error::last_os_error(),
         ));
     }
     Ok(())
+}
+
+/// Mounts a private copy of the tree at `source` onto `target` (an empty dir, created here),
+/// read-only all through if `readonly` (every submount too, which a runtime's `ro` bind does
+/// not give: runc before 1.2 has no `rro`), idmapped with the user namespace `idmap` if given
+/// (runc 1.1 makes no idmapped mounts). The runtime then binds `target`.
+pub fn mount_tree_copy(
+    source: &Path,
+    target: &Path,
+    readonly: bool,
+    idmap: Option<std::os::fd::BorrowedFd<'_>>,
+) -> Result<(), HostError> {
+    crate::state::files::private_dir_all(target)?;
+    let tree = clone_tree(source, true)?;
+    let mut attrs = 0;
+    if readonly {
+        attrs |= MOUNT_ATTR_RDONLY;
+    }
+    if idmap.is_some() {
+        attrs |= MOUNT_ATTR_IDMAP;
+    }
+    set_attrs(&tree, attrs, idmap, true).map_err(|e| match e {
+        HostError::Other(m) => HostError::Other(format!("{}: {m}", source.display())),
+        e => e,
+    })?;
+    attach(&tree, target)
 }
 
 #[cfg(test)]
@@ -452,7 +503,7 @@ mod tests {
         )
         .unwrap();
         let target = base.join("ro");
-        mount_recursive_read_only(&src, &target).unwrap();
+        mount_tree_copy(&src, &target, true, None).unwrap();
         assert!(std::fs::write(target.join("x"), b"x").is_err());
         assert!(
             std::fs::write(target.join("sub/x"), b"x").is_err(),

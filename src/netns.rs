@@ -30,6 +30,8 @@ pub struct PinRequest {
     pub uts: Option<PathBuf>,
     /// Hostname to set inside the new UTS namespace.
     pub hostname: Option<String>,
+    /// A user namespace with these maps, pinned at `.0`, owning the others.
+    pub user: Option<(PathBuf, crate::model::sandbox::IdMap)>,
 }
 
 /// Namespaces being pinned on their own thread while the caller goes on (RunPodSandbox writes
@@ -97,6 +99,7 @@ fn targets(req: &PinRequest) -> (Vec<(PathBuf, &'static str)>, CloneFlags) {
         (req.net.clone(), "net"),
         (req.ipc.clone(), "ipc"),
         (req.uts.clone(), "uts"),
+        (req.user.as_ref().map(|(p, _)| p.clone()), "user"),
     ]
     .into_iter()
     .filter_map(|(p, k)| p.map(|p| (p, k)))
@@ -105,7 +108,8 @@ fn targets(req: &PinRequest) -> (Vec<(PathBuf, &'static str)>, CloneFlags) {
         flags |= match *kind {
             "net" => CloneFlags::CLONE_NEWNET,
             "ipc" => CloneFlags::CLONE_NEWIPC,
-            _ => CloneFlags::CLONE_NEWUTS,
+            "uts" => CloneFlags::CLONE_NEWUTS,
+            _ => CloneFlags::CLONE_NEWUSER,
         };
     }
     (targets, flags)
@@ -119,6 +123,10 @@ fn enter_and_mount(
     flags: CloneFlags,
 ) -> Result<(), HostError> {
     let result = (|| {
+        if let Some((_, map)) = &req.user {
+            // Owned by a new user namespace: made by a child process (see `userns`).
+            return crate::userns::pin(map, targets, req.hostname.as_deref());
+        }
         nix::sched::unshare(flags)
             .map_err(|e| HostError::sys("unshare namespaces for", &targets[0].0, e))?;
         if req.net.is_some() {
@@ -150,7 +158,7 @@ fn enter_and_mount(
     result
 }
 
-fn create_empty_file(path: &Path) -> Result<(), HostError> {
+pub(crate) fn create_empty_file(path: &Path) -> Result<(), HostError> {
     OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -340,6 +348,7 @@ mod tests {
             ipc: Some(blocker.join("ipc-ns")),
             uts: None,
             hostname: None,
+            user: None,
         };
         let err = pin_in_background(&req)
             .err()

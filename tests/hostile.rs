@@ -953,7 +953,11 @@ fn the_daemon_stays_bounded_and_responsive_under_attack() {
     // its client did not ask for (drained and dropped, not buffered).
     let mut clients = Vec::new();
     for i in 0..5 {
-        let cmd = if i < 4 { "cat /dev/zero" } else { "cat /dev/zero >&2" };
+        let cmd = if i < 4 {
+            "cat /dev/zero"
+        } else {
+            "cat /dev/zero >&2"
+        };
         let url = tokio
             .block_on(c.exec(cri::ExecRequest {
                 container_id: id.clone(),

@@ -23,6 +23,7 @@ fn bundle(env: &Env, name: &str, args: &[&str]) -> std::path::PathBuf {
         rootfs,
         hostname: "m".into(),
         netns: None,
+        userns: None,
         host_ipc: true,
         host_pid: false,
         shm: None,

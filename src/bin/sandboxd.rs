@@ -95,6 +95,7 @@ fn effective_config(cli: &Cli) -> Result<DaemonConfig, sandboxd::Error> {
     if let Some(v) = &cli.ns_pin_dir {
         cfg.runtime.ipcns_dir = v.join("ipcns");
         cfg.runtime.utsns_dir = v.join("utsns");
+        cfg.runtime.userns_dir = v.join("userns");
     }
     if let Some(v) = &cli.cni_conf_dir {
         cfg.runtime.cni_conf_dir = v.clone();

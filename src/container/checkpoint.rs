@@ -119,7 +119,7 @@ pub(crate) fn checkpoint(rt: &Runtime, id: &str, location: &Path) -> Result<()> 
         std::fs::copy(rec.dir.join("config.json"), &p).map_err(|e| host("copy", &p, e))?;
         // What the container wrote: its overlay upper dir, links stored as links.
         let p = work.join("rootfs-diff.tar");
-        tar_dir(&rec.dir.join("upper"), &p, ".").map_err(|e| host("write", &p, e))?;
+        tar_dir(&rec.upper_dir(), &p, ".").map_err(|e| host("write", &p, e))?;
         // The archive itself: written beside its place and renamed in, so a failure leaves
         // no half archive.
         let tmp = PathBuf::from(format!("{}.tmp-{}", location.display(), std::process::id()));

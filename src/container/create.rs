@@ -36,6 +36,7 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
         })?;
     // Its layers cannot be collected from here on (a RemoveImage meanwhile).
     let _pins = rt.images.pin(image.layers.iter().map(String::as_str));
+    check_user_namespace(&sb, config)?;
     let namespaces = namespaces(rt, &sb, config)?;
     let caps = spec::capabilities(config)?;
     let seccomp = match &config.security.seccomp {
@@ -110,6 +111,10 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
                 .join("exec")
                 .join(format!("{}.console", &id[..16]))
         }),
+        userns_dir: sb
+            .userns
+            .is_some()
+            .then(|| rt.cfg.root.join(crate::userns::DIR).join(&id)),
     };
     let entry = {
         let mut reg = lock(&rt.registry);
@@ -172,13 +177,42 @@ fn build(
         .rev()
         .map(|l| rt.images.layer_dir(l))
         .collect::<Result<Vec<_>>>()?;
-    crate::mounts::mount_overlay(
-        &lower,
-        &rec.dir.join("upper"),
-        &rec.dir.join("work"),
-        &rec.rootfs(),
-    )
-    .map_err(|e| Error::step("mount rootfs", id, e))?;
+    // In a pod with its own user namespace, its root must own what the node's root owns in
+    // the image: the layers are idmapped under the overlay (see `userns`).
+    let userns = match (&sb.userns, &sb.config.user_namespace) {
+        (Some(path), Some(map)) => Some((
+            std::fs::File::open(path).map_err(|e| {
+                Error::step(
+                    "open the pod's user namespace",
+                    id,
+                    HostError::io("open", path, e),
+                )
+            })?,
+            map,
+        )),
+        _ => None,
+    };
+    match &userns {
+        Some((ns, map)) => {
+            let owner = map.host_root().unwrap_or_default();
+            crate::userns::pod_root_dir(&rt.cfg.root, id, owner)
+                .and_then(|_| {
+                    crate::userns::mount_overlay(
+                        ns,
+                        owner,
+                        &lower,
+                        &rec.dir.join("ovl"),
+                        &rec.dir.join("idmap-layers"),
+                        &rec.rootfs(),
+                    )
+                })
+                .map_err(|e| Error::step("mount idmapped rootfs", id, e))?
+        }
+        None => {
+            crate::mounts::mount_overlay(&lower, &rec.upper_dir(), &rec.work_dir(), &rec.rootfs())
+                .map_err(|e| Error::step("mount rootfs", id, e))?
+        }
+    }
     failpoint::hit("create:rootfs");
 
     refuse_blocking_account_files(&rec.rootfs())?;
@@ -190,16 +224,34 @@ fn build(
             supplemental_groups: user.additional_gids.clone(),
         })
     });
-    // Recursively read-only mounts: made here (a detached read-only copy of the host tree,
-    // attached under the container dir) and bound by the runtime from there.
+    // Recursively read-only and idmapped mounts: made here (a detached copy of the host tree,
+    // read-only all through and/or idmapped, attached under the container dir) and bound by
+    // the runtime from there.
     let mut config = rec.config.clone();
     for (i, m) in config.mounts.iter_mut().enumerate() {
-        if m.recursive_read_only {
-            let at = rec.dir.join("rro").join(i.to_string());
-            crate::mounts::mount_recursive_read_only(Path::new(&m.host_path), &at)
-                .map_err(|e| Error::step("make a recursively read-only mount", id, e))?;
-            m.host_path = at.to_string_lossy().into_owned();
+        if !m.recursive_read_only && m.idmap.is_none() {
+            continue;
         }
+        let other_ns;
+        let ns = match (&m.idmap, &userns) {
+            (None, _) => None,
+            (Some(want), Some((ns, pod))) if want == *pod => Some(ns),
+            (Some(want), _) => {
+                other_ns = crate::userns::open(want).map_err(|e| {
+                    Error::step("make the user namespace of an idmapped mount", id, e)
+                })?;
+                Some(&other_ns)
+            }
+        };
+        let at = rec.dir.join("mounts").join(i.to_string());
+        crate::mounts::mount_tree_copy(
+            Path::new(&m.host_path),
+            &at,
+            m.recursive_read_only,
+            ns.map(std::os::fd::AsFd::as_fd),
+        )
+        .map_err(|e| Error::step("make a recursively read-only or idmapped mount", id, e))?;
+        m.host_path = at.to_string_lossy().into_owned();
     }
     let hostname = sb.config.effective_hostname();
     let oci = spec::build(&Inputs {
@@ -223,6 +275,7 @@ fn build(
         devices,
         apparmor,
         selinux_label,
+        id_map: sb.config.user_namespace.as_ref(),
         sysctls: sb
             .config
             .sysctls
@@ -267,6 +320,10 @@ fn namespaces(
             .map(|i| PathBuf::from(format!("/proc/{}/ns/{t}", i.pid)))
     };
     let mut out = vec![("mount", None)];
+    // First: the runtime joins the pod's user namespace before making the others in it.
+    if let Some(userns) = &sb.userns {
+        out.insert(0, ("user", Some(userns.clone())));
+    }
     if let Some(netns) = &sb.netns {
         out.push(("network", Some(netns.clone())));
         out.push(("uts", infra_ns("uts").or_else(|| sb.utsns.clone())));
@@ -301,6 +358,27 @@ fn namespaces(
         out.push(("cgroup", None));
     }
     Ok(out)
+}
+
+/// In a pod with its own user namespace, what kubelet says of the container's user namespace
+/// (if anything) must be the pod's; idmapped mounts are checked like the pod's maps.
+fn check_user_namespace(sb: &SandboxRecord, c: &ContainerConfig) -> Result<()> {
+    if let Some(asked) = &c.security.user_namespace {
+        if sb.config.user_namespace.as_ref() != Some(asked) {
+            return Err(Error::InvalidArgument(
+                "security_context.namespace_options.userns_options: a container's user namespace must be its pod's".into(),
+            ));
+        }
+    }
+    for m in &c.mounts {
+        if let Some(map) = &m.idmap {
+            validate::id_map(
+                &format!("mounts[{}].uid_mappings/gid_mappings", m.container_path),
+                map,
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// Looks each requested device up on the host; a privileged container also gets every

@@ -43,6 +43,10 @@ fn finish_quarantined(rt: &Runtime, id: &str) -> Result<()> {
     if let Err(e) = crate::mounts::unmount_all(&dir.join("rootfs")) {
         errors.push(Error::step("unmount rootfs", id, e));
     }
+    let userns_dir = rt.cfg.root.join(crate::userns::DIR).join(id);
+    if let Err(e) = crate::state::remove_record_dir(&userns_dir) {
+        errors.push(Error::step("remove user-namespace mount dir", id, e));
+    }
     let short = &id[..16];
     for sock in [
         rt.cfg.root.join("attach").join(format!("{short}.sock")),
@@ -126,6 +130,11 @@ pub(crate) fn teardown(rt: &Runtime, entry: &ContainerEntry) -> Result<()> {
     }
     if let Err(e) = crate::mounts::unmount_all(&rec.rootfs()) {
         errors.push(Error::step("unmount rootfs", &rec.id, e));
+    }
+    if let Some(d) = &rec.userns_dir {
+        if let Err(e) = crate::state::remove_record_dir(d) {
+            errors.push(Error::step("remove user-namespace mount dir", &rec.id, e));
+        }
     }
     failpoint::hit("removectr:unmounted");
     for sock in [&rec.attach_socket, &rec.console_socket]

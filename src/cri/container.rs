@@ -30,11 +30,12 @@ pub fn container_config(c: &cri::ContainerConfig) -> Result<ContainerConfig, Err
                 "mounts.image: image volumes are not supported".into(),
             ));
         }
-        if !mt.uid_mappings.is_empty() || !mt.gid_mappings.is_empty() {
-            return Err(Error::InvalidArgument(
-                "mounts.uid_mappings/gid_mappings: idmapped mounts are not supported".into(),
-            ));
-        }
+        let idmap = (!mt.uid_mappings.is_empty() || !mt.gid_mappings.is_empty()).then(|| {
+            crate::sandbox::IdMap {
+                uids: super::pod::id_mappings(&mt.uid_mappings),
+                gids: super::pod::id_mappings(&mt.gid_mappings),
+            }
+        });
         let propagation = match cri::MountPropagation::try_from(mt.propagation) {
             Ok(cri::MountPropagation::PropagationPrivate) => Propagation::Private,
             Ok(cri::MountPropagation::PropagationHostToContainer) => Propagation::HostToContainer,
@@ -52,6 +53,7 @@ pub fn container_config(c: &cri::ContainerConfig) -> Result<ContainerConfig, Err
             readonly: mt.readonly,
             propagation,
             recursive_read_only: mt.recursive_read_only,
+            idmap,
         });
     }
     let linux = c.linux.clone().unwrap_or_default();
@@ -169,6 +171,10 @@ pub fn container_config(c: &cri::ContainerConfig) -> Result<ContainerConfig, Err
             seccomp,
             apparmor,
             selinux: [se.user, se.role, se.r#type, se.level],
+            user_namespace: super::pod::user_namespace(
+                ns.userns_options.as_ref(),
+                "security_context.namespace_options.userns_options",
+            )?,
         },
     })
 }
@@ -362,7 +368,7 @@ fn writable_layer(
     now: i64,
     (bytes, inodes): (u64, u64),
 ) -> cri::FilesystemUsage {
-    let upper = r.dir.join("upper");
+    let upper = r.upper_dir();
     cri::FilesystemUsage {
         timestamp: now,
         fs_id: Some(cri::FilesystemIdentifier {

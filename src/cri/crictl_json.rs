@@ -80,6 +80,48 @@ struct NsJson {
     network: EnumJson,
     pid: EnumJson,
     ipc: EnumJson,
+    #[serde(alias = "usernsOptions")]
+    userns_options: Option<UsernsJson>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct UsernsJson {
+    mode: EnumJson,
+    uids: Vec<IdMappingJson>,
+    gids: Vec<IdMappingJson>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct IdMappingJson {
+    #[serde(alias = "hostId")]
+    host_id: u32,
+    #[serde(alias = "containerId")]
+    container_id: u32,
+    length: u32,
+}
+
+fn id_mappings(m: &[IdMappingJson]) -> Vec<cri::IdMapping> {
+    m.iter()
+        .map(|m| cri::IdMapping {
+            host_id: m.host_id,
+            container_id: m.container_id,
+            length: m.length,
+        })
+        .collect()
+}
+
+fn userns(u: &Option<UsernsJson>, field: &str) -> Result<Option<cri::UserNamespace>, String> {
+    u.as_ref()
+        .map(|u| {
+            Ok(cri::UserNamespace {
+                mode: u.mode.value(MODES, field)?,
+                uids: id_mappings(&u.uids),
+                gids: id_mappings(&u.gids),
+            })
+        })
+        .transpose()
 }
 
 #[derive(Deserialize)]
@@ -134,6 +176,10 @@ pub fn pod_config(json: &[u8]) -> Result<cri::PodSandboxConfig, String> {
                     network: n.network.value(MODES, "namespace_options.network")?,
                     pid: n.pid.value(MODES, "namespace_options.pid")?,
                     ipc: n.ipc.value(MODES, "namespace_options.ipc")?,
+                    userns_options: userns(
+                        &n.userns_options,
+                        "namespace_options.userns_options.mode",
+                    )?,
                     ..Default::default()
                 }),
             };
@@ -225,6 +271,10 @@ struct MountJson {
     propagation: EnumJson,
     #[serde(alias = "recursiveReadOnly")]
     recursive_read_only: bool,
+    #[serde(alias = "uidMappings")]
+    uid_mappings: Vec<IdMappingJson>,
+    #[serde(alias = "gidMappings")]
+    gid_mappings: Vec<IdMappingJson>,
 }
 
 #[derive(Deserialize, Default)]
@@ -318,6 +368,8 @@ struct CtrNs {
     pid: EnumJson,
     #[serde(alias = "targetId")]
     target_id: String,
+    #[serde(alias = "usernsOptions")]
+    userns_options: Option<UsernsJson>,
 }
 
 /// A crictl-style container config (JSON) → CRI `ContainerConfig`.
@@ -337,6 +389,8 @@ pub fn container_config(json: &[u8]) -> Result<cri::ContainerConfig, String> {
             readonly: m.readonly,
             propagation: m.propagation.value(PROPAGATION, "mounts.propagation")?,
             recursive_read_only: m.recursive_read_only,
+            uid_mappings: id_mappings(&m.uid_mappings),
+            gid_mappings: id_mappings(&m.gid_mappings),
             ..Default::default()
         });
     }
@@ -357,6 +411,10 @@ pub fn container_config(json: &[u8]) -> Result<cri::ContainerConfig, String> {
                         Some(n) => Some(cri::NamespaceOption {
                             pid: n.pid.value(MODES, "namespace_options.pid")?,
                             target_id: n.target_id,
+                            userns_options: userns(
+                                &n.userns_options,
+                                "namespace_options.userns_options.mode",
+                            )?,
                             ..Default::default()
                         }),
                     },

@@ -331,7 +331,7 @@ fn container(c: &ContainerUsage, timestamp: i64) -> cri::ContainerMetrics {
     let secs = |ns: i64| u64::try_from(ns / 1_000_000_000).ok();
     out.push("container_start_time_seconds", None, secs(r.started_at));
     out.push("container_last_seen", None, secs(timestamp));
-    let upper = r.dir.join("upper");
+    let upper = r.upper_dir();
     let device = upper.to_string_lossy();
     out.push(
         "container_fs_usage_bytes",

@@ -7,8 +7,8 @@ use k8s_cri::v1 as cri;
 use crate::cni::PortMapping;
 use crate::error::Error;
 use crate::sandbox::{
-    DnsConfig, NamespaceMode, NamespaceOptions, PodSandboxConfig, PodSandboxMetadata,
-    SandboxFilter, SandboxState, SandboxStatus,
+    DnsConfig, IdMap, IdMapping, NamespaceMode, NamespaceOptions, PodSandboxConfig,
+    PodSandboxMetadata, SandboxFilter, SandboxState, SandboxStatus,
 };
 
 pub(crate) fn mode(v: i32, field: &str) -> Result<NamespaceMode, Error> {
@@ -90,24 +90,28 @@ pub fn pod_config(req: &cri::RunPodSandboxRequest) -> Result<PodSandboxConfig, E
         .and_then(|l| l.security_context.as_ref())
         .and_then(|s| s.selinux_options.clone())
         .unwrap_or_default();
-    let (cgroup_parent, ns) = match &c.linux {
-        Some(l) => {
-            let ns = match l
-                .security_context
-                .as_ref()
-                .and_then(|s| s.namespace_options.as_ref())
-            {
-                Some(o) => NamespaceOptions {
-                    network: mode(o.network, "namespace_options.network")?,
-                    pid: mode(o.pid, "namespace_options.pid")?,
-                    ipc: mode(o.ipc, "namespace_options.ipc")?,
-                },
-                None => NamespaceOptions::default(),
-            };
-            (l.cgroup_parent.clone(), ns)
-        }
-        None => (String::new(), NamespaceOptions::default()),
+    let options = c
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.as_ref());
+    let ns = match options {
+        Some(o) => NamespaceOptions {
+            network: mode(o.network, "namespace_options.network")?,
+            pid: mode(o.pid, "namespace_options.pid")?,
+            ipc: mode(o.ipc, "namespace_options.ipc")?,
+        },
+        None => NamespaceOptions::default(),
     };
+    let user_namespace = user_namespace(
+        options.and_then(|o| o.userns_options.as_ref()),
+        "namespace_options.userns_options",
+    )?;
+    let cgroup_parent = c
+        .linux
+        .as_ref()
+        .map(|l| l.cgroup_parent.clone())
+        .unwrap_or_default();
     Ok(PodSandboxConfig {
         metadata: PodSandboxMetadata {
             name: m.name.clone(),
@@ -130,6 +134,72 @@ pub fn pod_config(req: &cri::RunPodSandboxRequest) -> Result<PodSandboxConfig, E
         cgroup_parent,
         sysctls,
         selinux: [se.user, se.role, se.r#type, se.level],
+        user_namespace,
+    })
+}
+
+/// CRI `IDMapping`s → core ranges.
+pub(crate) fn id_mappings(m: &[cri::IdMapping]) -> Vec<IdMapping> {
+    m.iter()
+        .map(|r| IdMapping {
+            container_id: r.container_id,
+            host_id: r.host_id,
+            length: r.length,
+        })
+        .collect()
+}
+
+fn id_mappings_to_cri(m: &[IdMapping]) -> Vec<cri::IdMapping> {
+    m.iter()
+        .map(|r| cri::IdMapping {
+            container_id: r.container_id,
+            host_id: r.host_id,
+            length: r.length,
+        })
+        .collect()
+}
+
+/// CRI `UserNamespace` → the pod's own user namespace (POD mode) or none (NODE, or unset).
+/// CONTAINER and TARGET are not modes a user namespace can have; the maps themselves are
+/// checked by the core.
+pub(crate) fn user_namespace(
+    u: Option<&cri::UserNamespace>,
+    field: &str,
+) -> Result<Option<IdMap>, Error> {
+    let Some(u) = u else {
+        return Ok(None);
+    };
+    match mode(u.mode, &format!("{field}.mode"))? {
+        NamespaceMode::Node => {
+            if !u.uids.is_empty() || !u.gids.is_empty() {
+                return Err(Error::InvalidArgument(format!(
+                    "{field}: mode NODE takes no uid or gid mappings"
+                )));
+            }
+            Ok(None)
+        }
+        NamespaceMode::Pod => Ok(Some(IdMap {
+            uids: id_mappings(&u.uids),
+            gids: id_mappings(&u.gids),
+        })),
+        m => Err(Error::InvalidArgument(format!(
+            "{field}.mode: {m:?} is not supported for user namespaces (only POD and NODE)"
+        ))),
+    }
+}
+
+/// The pod's user namespace as CRI reports it back.
+fn user_namespace_to_cri(u: Option<&IdMap>) -> Option<cri::UserNamespace> {
+    Some(match u {
+        Some(m) => cri::UserNamespace {
+            mode: cri::NamespaceMode::Pod as i32,
+            uids: id_mappings_to_cri(&m.uids),
+            gids: id_mappings_to_cri(&m.gids),
+        },
+        None => cri::UserNamespace {
+            mode: cri::NamespaceMode::Node as i32,
+            ..Default::default()
+        },
     })
 }
 
@@ -169,6 +239,7 @@ pub fn status_to_cri(s: &SandboxStatus) -> cri::PodSandboxStatus {
                     network: mode_to_cri(s.namespace_options.network),
                     pid: mode_to_cri(s.namespace_options.pid),
                     ipc: mode_to_cri(s.namespace_options.ipc),
+                    userns_options: user_namespace_to_cri(s.user_namespace.as_ref()),
                     ..Default::default()
                 }),
             }),

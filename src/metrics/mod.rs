@@ -73,7 +73,7 @@ impl Runtime {
     /// runs (a sandboxed runtime keeps every container in its sandbox's cgroup) — what the
     /// runtime measures (`events --stats`).
     fn usage_of_container(&self, record: ContainerRecord) -> ContainerUsage {
-        let (bytes, inodes) = crate::state::disk_usage(&record.dir.join("upper"));
+        let (bytes, inodes) = crate::state::disk_usage(&record.upper_dir());
         let mut cgroup = crate::cgroups::detail(&record.cgroup);
         let empty = matches!(cgroup.processes, None | Some(0));
         if empty && record.state == ContainerState::Running {

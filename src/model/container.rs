@@ -38,6 +38,10 @@ pub struct BindMount {
     pub propagation: Propagation,
     /// Every submount read-only too (CRI `recursive_read_only`).
     pub recursive_read_only: bool,
+    /// An idmapped mount with these maps (CRI `uid_mappings`/`gid_mappings`; those of the
+    /// pod's user namespace).
+    #[serde(default)]
+    pub idmap: Option<crate::model::sandbox::IdMap>,
 }
 
 /// CRI `SupplementalGroupsPolicy`.
@@ -121,6 +125,9 @@ pub struct SecurityContext {
     pub apparmor: crate::lsm::AppArmor,
     /// `user:role:type:level`, as CRI's `selinux_options` give it.
     pub selinux: [String; 4],
+    /// The user namespace kubelet says the container is in (CRI `userns_options` in POD
+    /// mode): if given, it must be the pod's.
+    pub user_namespace: Option<crate::model::sandbox::IdMap>,
 }
 
 /// What CreateContainer asks for (the CRI `ContainerConfig` fields the core uses).
@@ -201,11 +208,32 @@ pub struct ContainerRecord {
     /// For a container with a terminal: where the runtime hands the pty to the monitor.
     #[serde(default)]
     pub console_socket: Option<PathBuf>,
+    /// In a pod with its own user namespace: the dir (owned by the pod's root, outside the
+    /// root-only container dir) whose `rootfs` the runtime pivots into as that user.
+    #[serde(default)]
+    pub userns_dir: Option<PathBuf>,
 }
 
 impl ContainerRecord {
     pub fn rootfs(&self) -> PathBuf {
-        self.dir.join("rootfs")
+        match &self.userns_dir {
+            Some(d) => d.join("rootfs"),
+            None => self.dir.join("rootfs"),
+        }
+    }
+    /// The overlay's writable layer (in the dir that is idmapped for a pod with its own user
+    /// namespace, where upper and work must share one mount).
+    pub fn upper_dir(&self) -> PathBuf {
+        self.overlay_dir().join("upper")
+    }
+    pub fn work_dir(&self) -> PathBuf {
+        self.overlay_dir().join("work")
+    }
+    fn overlay_dir(&self) -> PathBuf {
+        match &self.userns_dir {
+            Some(_) => self.dir.join("ovl"),
+            None => self.dir.clone(),
+        }
     }
     pub fn state_file(&self) -> PathBuf {
         crate::state::Record::state_file(self)

@@ -28,6 +28,43 @@ pub struct NamespaceOptions {
     pub ipc: NamespaceMode,
 }
 
+/// One range of a user namespace's id map (CRI `IDMapping`): `length` ids from
+/// `container_id` inside map to ids from `host_id` outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdMapping {
+    pub container_id: u32,
+    pub host_id: u32,
+    pub length: u32,
+}
+
+/// The uid and gid maps of a user namespace: the pod's own (CRI `UserNamespace` in POD mode)
+/// or an idmapped mount's (CRI `Mount.uid_mappings`/`gid_mappings`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct IdMap {
+    pub uids: Vec<IdMapping>,
+    pub gids: Vec<IdMapping>,
+}
+
+impl IdMap {
+    /// The host uid and gid the namespace's root maps to.
+    pub fn host_root(&self) -> Option<(u32, u32)> {
+        let root = |m: &[IdMapping]| {
+            m.iter()
+                .find(|r| r.container_id == 0 && r.length > 0)
+                .map(|r| r.host_id)
+        };
+        Some((root(&self.uids)?, root(&self.gids)?))
+    }
+
+    /// `/proc/PID/uid_map` (or `gid_map`) text for `ranges`.
+    pub fn proc_map(ranges: &[IdMapping]) -> String {
+        ranges
+            .iter()
+            .map(|r| format!("{} {} {}\n", r.container_id, r.host_id, r.length))
+            .collect()
+    }
+}
+
 /// CRI `PodSandboxMetadata`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct PodSandboxMetadata {
@@ -67,6 +104,8 @@ pub struct PodSandboxConfig {
     pub sysctls: BTreeMap<String, String>,
     /// The pod's SELinux label fields (user, role, type, level; all empty = none).
     pub selinux: [String; 4],
+    /// The pod's own user namespace (CRI `userns_options` in POD mode); `None`: the node's.
+    pub user_namespace: Option<IdMap>,
 }
 
 impl PodSandboxConfig {
@@ -187,6 +226,9 @@ pub struct SandboxRecord {
     pub netns: Option<PathBuf>,
     pub ipcns: Option<PathBuf>,
     pub utsns: Option<PathBuf>,
+    /// The pod's user namespace, which owns its network, IPC and UTS namespaces.
+    #[serde(default)]
+    pub userns: Option<PathBuf>,
     pub shm: Option<PathBuf>,
     pub network: NetworkRecord,
     pub infra: Option<InfraRecord>,
@@ -216,6 +258,7 @@ pub struct SandboxStatus {
     pub infra_mode: InfraMode,
     pub infra_pid: Option<i32>,
     pub network_error: Option<String>,
+    pub user_namespace: Option<IdMap>,
 }
 
 impl SandboxRecord {
@@ -238,7 +281,15 @@ impl SandboxRecord {
                 .filter(|i| i.started && !i.stopped)
                 .map(|i| i.pid),
             network_error: self.network.last_del_error.clone(),
+            user_namespace: self.config.user_namespace.clone(),
         }
+    }
+
+    /// Every pinned namespace file the record names, the user namespace (their owner) last.
+    pub fn namespace_files(&self) -> impl Iterator<Item = &PathBuf> {
+        [&self.netns, &self.ipcns, &self.utsns, &self.userns]
+            .into_iter()
+            .flatten()
     }
 
     pub fn state_file(&self) -> PathBuf {

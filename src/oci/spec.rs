@@ -44,6 +44,8 @@ pub struct InfraSpec {
     pub hostname: String,
     /// Join this network namespace by path; `None` = the host's.
     pub netns: Option<PathBuf>,
+    /// Join this user namespace (the pod's, with these maps), which owns `netns`.
+    pub userns: Option<(PathBuf, crate::model::sandbox::IdMap)>,
     pub host_ipc: bool,
     pub host_pid: bool,
     /// The pod's shm tmpfs, bound as /dev/shm (None with host IPC).
@@ -180,6 +182,9 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
         .map_err(|e| err("process", e))?;
 
     let mut namespaces = vec![ns(LinuxNamespaceType::Mount, None)];
+    if let Some((userns, _)) = &s.userns {
+        namespaces.push(ns(LinuxNamespaceType::User, Some(userns)));
+    }
     if !s.host_pid {
         namespaces.push(ns(LinuxNamespaceType::Pid, None));
     }
@@ -229,7 +234,25 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
     }
 
     let defaults = oci_spec::runtime::Linux::default();
-    let linux = LinuxBuilder::default()
+    let mut linux = LinuxBuilder::default();
+    if let Some((_, map)) = &s.userns {
+        let ranges = |m: &[crate::model::sandbox::IdMapping]| {
+            m.iter()
+                .map(|r| {
+                    oci_spec::runtime::LinuxIdMappingBuilder::default()
+                        .container_id(r.container_id)
+                        .host_id(r.host_id)
+                        .size(r.length)
+                        .build()
+                        .expect("id mapping fields are set")
+                })
+                .collect::<Vec<_>>()
+        };
+        linux = linux
+            .uid_mappings(ranges(&map.uids))
+            .gid_mappings(ranges(&map.gids));
+    }
+    let linux = linux
         .sysctl(s.sysctls.clone())
         .namespaces(namespaces)
         .cgroups_path(PathBuf::from(&s.cgroups_path))
@@ -368,6 +391,7 @@ mod tests {
             rootfs: "/r".into(),
             hostname: "h".into(),
             netns: netns.map(PathBuf::from),
+            userns: None,
             host_ipc: false,
             host_pid: false,
             shm: Some("/s/shm".into()),

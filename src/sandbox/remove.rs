@@ -68,6 +68,12 @@ pub(crate) fn teardown(rt: &Runtime, entry: &SandboxEntry, rollback: bool) -> Re
             errors.push(Error::step("remove CNI cache", &rec.id, e));
         }
     }
+    if rec.userns.is_some() {
+        let d = rt.cfg.root.join(crate::userns::DIR).join(&rec.id);
+        if let Err(e) = crate::state::remove_record_dir(&d) {
+            errors.push(Error::step("remove user-namespace mount dir", &rec.id, e));
+        }
+    }
     if let Err(e) = crate::state::remove_record_dir(&rec.dir) {
         errors.push(Error::step("remove sandbox dir", &rec.id, e));
     }
@@ -128,14 +134,16 @@ fn finish_quarantined(rt: &Runtime, id: &str) -> Result<()> {
         errors.push(Error::step("tear down network", id, e));
         return Error::collect(errors);
     }
-    for dir in [&rt.cfg.netns_dir, &rt.cfg.ipcns_dir, &rt.cfg.utsns_dir] {
+    for dir in rt.cfg.namespace_dirs() {
         if let Err(e) = crate::netns::remove(&dir.join(&name)) {
             errors.push(Error::step("close namespace", id, e));
         }
     }
     let dir = rt.cfg.root.join("sandboxes").join(id);
-    if let Err(e) = remove_orphan_dir(&dir) {
-        errors.push(Error::step("remove sandbox dir", id, e));
+    for d in [&dir, &rt.cfg.root.join(crate::userns::DIR).join(id)] {
+        if let Err(e) = remove_orphan_dir(d) {
+            errors.push(Error::step("remove sandbox dir", id, e));
+        }
     }
     let cgroup = format!("{}/pod-{id}", rt.cfg.cgroup_parent.trim_end_matches('/'));
     if let Err(e) = crate::cgroups::remove(&cgroup) {

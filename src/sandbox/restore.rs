@@ -31,6 +31,7 @@ pub(crate) fn restore(rt: &Runtime) -> Result<()> {
     collect_namespaces(rt);
     collect_cni(rt);
     collect_runtime_containers(rt);
+    collect_userns_dirs(rt);
     Ok(())
 }
 
@@ -115,9 +116,8 @@ fn collect_namespaces(rt: &Runtime) {
         .values()
         .flat_map(|e| {
             let r = lock(&e.record);
-            [r.netns.clone(), r.ipcns.clone(), r.utsns.clone()]
+            r.namespace_files().cloned().collect::<Vec<_>>()
         })
-        .flatten()
         .collect();
     let quarantined: HashSet<String> = lock(&rt.quarantine)
         .sandboxes
@@ -125,7 +125,7 @@ fn collect_namespaces(rt: &Runtime) {
         .map(|id| rt.ns_name(id))
         .collect();
     let prefix = rt.ns_prefix();
-    for dir in [&rt.cfg.netns_dir, &rt.cfg.ipcns_dir, &rt.cfg.utsns_dir] {
+    for dir in rt.cfg.namespace_dirs() {
         let Ok(rd) = std::fs::read_dir(dir) else {
             continue;
         };
@@ -177,19 +177,41 @@ fn collect_cni(rt: &Runtime) {
     }
 }
 
+/// The ids of every sandbox and container with a record, readable or quarantined.
+fn known_ids(rt: &Runtime) -> HashSet<String> {
+    let reg = lock(&rt.registry);
+    let q = lock(&rt.quarantine);
+    reg.sandboxes
+        .keys()
+        .chain(reg.containers.keys())
+        .chain(q.sandboxes.keys())
+        .chain(q.containers.keys())
+        .cloned()
+        .collect()
+}
+
+/// User-namespace mount dirs (`<root>/userns/<id>`) of ids no record names (a crash between
+/// making one and the first record, say): unmounted and removed.
+fn collect_userns_dirs(rt: &Runtime) {
+    let known = known_ids(rt);
+    let Ok(rd) = std::fs::read_dir(rt.cfg.root.join(crate::userns::DIR)) else {
+        return;
+    };
+    for e in rd.filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if known.contains(&name) {
+            continue;
+        }
+        tracing::info!(path = %e.path().display(), "removing unreferenced user-namespace mount dir");
+        if let Err(err) = crate::state::remove_record_dir(&e.path()) {
+            tracing::warn!(path = %e.path().display(), error = %err, "cannot remove user-namespace mount dir");
+        }
+    }
+}
+
 /// Runtime containers under our runtime roots that no record references.
 fn collect_runtime_containers(rt: &Runtime) {
-    let registered: HashSet<String> = {
-        let reg = lock(&rt.registry);
-        let q = lock(&rt.quarantine);
-        reg.sandboxes
-            .keys()
-            .chain(reg.containers.keys())
-            .chain(q.sandboxes.keys())
-            .chain(q.containers.keys())
-            .cloned()
-            .collect()
-    };
+    let registered = known_ids(rt);
     for runtime in rt.runtimes.values() {
         let Ok(rd) = std::fs::read_dir(&runtime.root) else {
             continue;

@@ -120,6 +120,7 @@ fn new_record(
         netns: None,
         ipcns: None,
         utsns: None,
+        userns: None,
         shm: None,
         network: NetworkRecord::default(),
         infra: None,
@@ -141,6 +142,10 @@ fn intents(rt: &Runtime, config: &PodSandboxConfig, plan: &Plan, r: &mut Sandbox
     r.netns = (!config.host_network()).then(|| rt.cfg.netns_dir.join(&ns_name));
     r.ipcns = (!plan.infra && !config.host_ipc()).then(|| rt.cfg.ipcns_dir.join(&ns_name));
     r.utsns = (!plan.infra && !config.host_network()).then(|| rt.cfg.utsns_dir.join(&ns_name));
+    r.userns = config
+        .user_namespace
+        .is_some()
+        .then(|| rt.cfg.userns_dir.join(&ns_name));
     r.shm = (!config.host_ipc()).then(|| r.dir.join("shm"));
     if let (Some(list), Some(netns)) = (&plan.network, &r.netns) {
         r.network.setup_started = true;
@@ -193,6 +198,7 @@ fn create(
         ipc: rec.ipcns.clone(),
         uts: rec.utsns.clone(),
         hostname: Some(plan.hostname.clone()),
+        user: rec.userns.clone().zip(config.user_namespace.clone()),
     };
     let pinning =
         crate::netns::pin_in_background(&pin).map_err(|e| Error::step("create namespaces", &id, e));
@@ -278,11 +284,30 @@ fn start_infra(
     let infra_dir = rec.infra_dir();
     crate::state::files::private_dir_all(&infra_dir)
         .map_err(|e| Error::step("create infra dir", id, e))?;
+    // In the pod's own user namespace the runtime reaches the rootfs as the pod's root: an
+    // idmapped read-only copy of the shared one, in a dir that user can enter.
+    let rootfs = match (&rec.userns, &config.user_namespace) {
+        (Some(path), Some(map)) => (|| -> Result<std::path::PathBuf, HostError> {
+            let owner = map.host_root().unwrap_or_default();
+            let at = crate::userns::pod_root_dir(&rt.cfg.root, id, owner)?.join("rootfs");
+            let ns = std::fs::File::open(path).map_err(|e| HostError::io("open", path, e))?;
+            crate::mounts::mount_tree_copy(
+                &rootfs,
+                &at,
+                true,
+                Some(std::os::fd::AsFd::as_fd(&ns)),
+            )?;
+            Ok(at)
+        })()
+        .map_err(|e| Error::step("mount idmapped infra rootfs", id, e))?,
+        _ => rootfs,
+    };
     let s = spec::infra(&spec::InfraSpec {
         sandbox_id: id.to_string(),
         rootfs,
         hostname: plan.hostname.clone(),
         netns: rec.netns.clone(),
+        userns: rec.userns.clone().zip(config.user_namespace.clone()),
         host_ipc: config.host_ipc(),
         host_pid: config.host_pid(),
         shm: rec.shm.clone(),
@@ -472,6 +497,16 @@ fn validate_config(rt: &Runtime, c: &PodSandboxConfig) -> Result<Plan> {
             .map_err(|e| Error::Config(format!("network {:?}: {e}", list.name)))?;
         Some(list)
     };
+    if let Some(map) = &c.user_namespace {
+        validate::id_map("namespace_options.userns_options", map)?;
+        if c.host_network() || c.host_pid() || c.host_ipc() {
+            return Err(Error::InvalidArgument(
+                "namespace_options.userns_options: a pod with its own user namespace cannot share the node's network, PID or IPC namespace".into(),
+            ));
+        }
+        rt.user_namespaces(&handler_name)
+            .map_err(Error::Unimplemented)?;
+    }
     let sysctls = crate::sysctl::validate(&c.sysctls, c.host_network(), c.host_ipc())?;
     Ok(Plan {
         handler: handler_name,

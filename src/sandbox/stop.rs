@@ -116,7 +116,7 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) ->
 
     if !rec.stop.netns_closed {
         let mut errors = Vec::new();
-        for p in [&rec.netns, &rec.ipcns, &rec.utsns].into_iter().flatten() {
+        for p in rec.namespace_files() {
             if let Err(e) = crate::netns::remove(p) {
                 errors.push(Error::step("close namespace", &id, e));
             }

@@ -216,7 +216,11 @@ impl Env {
     /// The leak check for a test whose netns dir is shared with the host (`/var/run/netns`);
     /// the test checks its own entry there itself.
     pub fn assert_no_leaks_except_netns_dir(&self) {
-        for d in [&self.cfg.ipcns_dir, &self.cfg.utsns_dir] {
+        for d in [
+            &self.cfg.ipcns_dir,
+            &self.cfg.utsns_dir,
+            &self.cfg.userns_dir,
+        ] {
             assert!(
                 list_names(d).is_empty(),
                 "namespace files left in {}: {:?}",
@@ -235,6 +239,7 @@ impl Env {
                     &self.cfg.netns_dir,
                     &self.cfg.ipcns_dir,
                     &self.cfg.utsns_dir,
+                    &self.cfg.userns_dir,
                 ]
                 .iter()
                 .any(|d| Path::new(m) == d.as_path())
@@ -274,6 +279,11 @@ impl Env {
             let left = list_names(&self.cfg.root.join(d));
             assert!(left.is_empty(), "{d} sockets left: {left:?}");
         }
+        let userns = list_names(&self.cfg.root.join("userns"));
+        assert!(
+            userns.is_empty(),
+            "user-namespace mount dirs left: {userns:?}"
+        );
         let containers = list_names(&self.cfg.root.join("containers"));
         assert!(containers.is_empty(), "container dirs left: {containers:?}");
         let cgroups = cgroups_under(&self.cfg.cgroup_parent);

@@ -184,6 +184,8 @@ pub struct Inputs<'a> {
     /// AppArmor profile and SELinux label, when the node applies them.
     pub apparmor: Option<String>,
     pub selinux_label: Option<String>,
+    /// The maps of the pod's user namespace (joined through `namespaces`).
+    pub id_map: Option<&'a crate::model::sandbox::IdMap>,
 }
 
 /// A host device node requested by the config, as looked up on the host.
@@ -311,6 +313,15 @@ pub fn build(i: &Inputs) -> Result<oci_spec::runtime::Spec> {
     });
     if let Some(sc) = &i.seccomp {
         linux["seccomp"] = sc.clone();
+    }
+    if let Some(m) = i.id_map {
+        let ranges = |r: &[crate::model::sandbox::IdMapping]| {
+            r.iter()
+                .map(|r| json!({"containerID": r.container_id, "hostID": r.host_id, "size": r.length}))
+                .collect::<Vec<_>>()
+        };
+        linux["uidMappings"] = json!(ranges(&m.uids));
+        linux["gidMappings"] = json!(ranges(&m.gids));
     }
     // A mount that propagates needs the container's rootfs to propagate as well (as
     // containerd sets it): shared for bidirectional, slave for host-to-container.
