@@ -182,8 +182,18 @@ impl Runtime {
         let infra_rootfs = match pause {
             Some(pause) => {
                 let dir = cfg.root.join("infra-rootfs");
-                oci::spec::prepare_infra_rootfs(&dir, &pause)?;
-                Some(dir)
+                match oci::spec::prepare_infra_rootfs(&dir, &pause).map_err(Error::from) {
+                    Ok(()) => Some(dir),
+                    // A start on a full disk degrades rather than refuses: the pause binary
+                    // installed before serves on (or, without one, pods that need an infra
+                    // process are refused); everything else works.
+                    Err(e) if e.is_no_space() => {
+                        let old = dir.join("pause").is_file();
+                        tracing::warn!(error = %e, keeping_installed = old, "cannot install the new pause binary: the state disk is full");
+                        old.then_some(dir)
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             _ => None,
         };

@@ -613,8 +613,15 @@ fn a_full_state_disk_rolls_back_and_starts() {
     std::fs::remove_file(&filler).unwrap();
     let id = rt.run_pod_sandbox(&pod).unwrap();
     drop(rt);
-    // Full again, and the daemon restarts: its pod is there, can be stopped and removed.
+    // Full again, and the daemon restarts — with a pause binary that differs from the one
+    // installed, which cannot be copied now: it starts anyway (keeping the installed one);
+    // its pod is there, can be stopped and removed.
     let filler = fill(&small);
+    let pause = env.base.join("pause-new");
+    let mut bin = std::fs::read(std::env::var("SANDBOXD_PAUSE").unwrap()).unwrap();
+    bin.extend_from_slice(&[0u8; 4096]);
+    std::fs::write(&pause, &bin).unwrap();
+    cfg.pause_path = Some(pause);
     let rt = Runtime::new(cfg.clone()).unwrap();
     let pods = rt.list_pod_sandboxes(&SandboxFilter::default());
     assert_eq!(pods.len(), 1);

@@ -330,8 +330,13 @@ pub fn prepare_infra_rootfs(dir: &Path, pause: &Path) -> Result<(), HostError> {
         return Ok(());
     }
     let tmp = dir.join(".pause.tmp");
-    crate::state::files::write_file(&tmp, &wanted, 0o700)?;
-    std::fs::rename(&tmp, &target).map_err(|e| HostError::io("install", &target, e))
+    let r = crate::state::files::write_file(&tmp, &wanted, 0o700).and_then(|()| {
+        std::fs::rename(&tmp, &target).map_err(|e| HostError::io("install", &target, e))
+    });
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp); // a partial copy would hold the space it took
+    }
+    r
 }
 
 /// Does this ELF file ask for a program interpreter (PT_INTERP), i.e. need a dynamic loader?
