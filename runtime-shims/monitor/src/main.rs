@@ -203,16 +203,27 @@ fn main() {
         }
     };
     let (report_r, report_w) = pipe().unwrap_or_else(|e| die(&format!("sync pipe: {e}")));
+    let (go_r, go_w) = pipe().unwrap_or_else(|e| die(&format!("sync pipe: {e}")));
     // SAFETY: the monitor is single-threaded here, so the child may run any code after fork.
     match unsafe { libc::fork() } {
         -1 => die(&format!("fork: {}", std::io::Error::last_os_error())),
         0 => {
-            drop(report_r);
+            drop((report_r, go_w));
+            // Leave our parent's process group (which the daemon kills past its time limit)
+            // only once our pid is on record: at every moment one of the two finds us.
+            let mut b = [0u8; 1];
+            if !matches!(File::from(go_r).read(&mut b), Ok(1)) {
+                std::process::exit(1);
+            }
             let code = monitor(&args, File::from(report_w));
             std::process::exit(code);
         }
-        _ => {
-            drop(report_w);
+        child => {
+            drop((report_w, go_r));
+            if let Err(e) = write_atomic(&args.monitor_pid_file, format!("{child}\n").as_bytes()) {
+                die(&format!("write {}: {e}", args.monitor_pid_file.display()));
+            }
+            let _ = File::from(go_w).write_all(b"1");
             let mut msg = String::new();
             let _ = File::from(report_r).read_to_string(&mut msg);
             if let Some(pid) = msg.strip_prefix("ok ") {
@@ -313,18 +324,11 @@ fn monitor(args: &Args, mut report: File) -> i32 {
         let _ = write!(report, "err {msg}");
         1
     };
+    // Our pid is on record (our parent wrote it before letting us go): a daemon whose
+    // `runtime create` times out kills us (we lead our own session and process group, the
+    // runtime's too) by it.
     if let Err(e) = detach() {
         return fail(&mut report, format!("detach: {e}"));
-    }
-    // Known before anything else runs: a daemon whose `runtime create` times out kills us (we
-    // lead our own session and process group, the runtime's too) by this pid.
-    // SAFETY: getpid has no preconditions.
-    let me = unsafe { libc::getpid() };
-    if let Err(e) = write_atomic(&args.monitor_pid_file, format!("{me}\n").as_bytes()) {
-        return fail(
-            &mut report,
-            format!("write {}: {e}", args.monitor_pid_file.display()),
-        );
     }
     let sigfd = match signal_fd() {
         Ok(fd) => fd,
