@@ -175,13 +175,63 @@ impl Error {
     }
 
     /// Folds a list of errors from a best-effort teardown into one result.
-    pub fn collect(mut errors: Vec<Error>) -> Result<()> {
-        match errors.len() {
-            0 => Ok(()),
-            1 => Err(errors.remove(0)),
-            _ => Err(Error::Many(errors)),
+    pub fn collect(errors: Vec<Error>) -> Result<()> {
+        if errors.is_empty() {
+            return Ok(());
         }
+        Err(Error::many(errors))
+    }
+
+    /// Several errors as one, flattened: the errors of nested lists are listed at the top,
+    /// each once (one error stays itself).
+    pub fn many(errors: Vec<Error>) -> Error {
+        let mut flat = Vec::with_capacity(errors.len());
+        for e in errors {
+            match e {
+                Error::Many(inner) => flat.extend(inner),
+                e => flat.push(e),
+            }
+        }
+        if flat.len() == 1 {
+            return flat.remove(0);
+        }
+        Error::Many(flat)
+    }
+
+    /// `err`, then each error of a failed rollback `undo` named as such: one flat list.
+    pub fn with_rollback(err: Error, id: &str, undo: Error) -> Error {
+        let undo = match undo {
+            Error::Many(es) => es,
+            e => vec![e],
+        };
+        let mut all = vec![err];
+        all.extend(undo.into_iter().map(|e| Error::step("roll back", id, e)));
+        Error::many(all)
     }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_are_flat() {
+        let inner = Error::Many(vec![
+            Error::FailedPrecondition("a".into()),
+            Error::FailedPrecondition("b".into()),
+        ]);
+        let e = Error::with_rollback(Error::InvalidArgument("x".into()), "id1", inner);
+        let Error::Many(es) = &e else { panic!("{e:?}") };
+        assert_eq!(es.len(), 3);
+        assert!(es.iter().all(|e| !matches!(e, Error::Many(_))));
+        assert_eq!(
+            e.to_string(),
+            "invalid argument: x; failed to roll back for id1: a; failed to roll back for id1: b"
+        );
+        let e = Error::many(vec![Error::Many(vec![Error::Config("c".into())])]);
+        assert!(matches!(e, Error::Config(_)), "{e:?}");
+        assert!(Error::collect(Vec::new()).is_ok());
+    }
+}

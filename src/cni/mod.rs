@@ -40,6 +40,9 @@ pub enum CniError {
     },
     #[error("CNI cache {path}: {reason}")]
     Cache { path: PathBuf, reason: String },
+    /// Several plugins failed (DEL runs them all): every error, in the order they ran.
+    #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    Several(Vec<CniError>),
 }
 
 /// A port the pod exposes on the host (CNI `portMappings` capability).
@@ -117,7 +120,7 @@ impl Cni {
     }
 
     /// Runs DEL for each plugin in reverse order with the cached result as `prevResult`
-    /// (versions ≥ 0.4.0, as libcni does). Every plugin is tried; the first error is returned.
+    /// (versions ≥ 0.4.0, as libcni does). Every plugin is tried; every error is returned.
     pub fn del(
         &self,
         list: &NetworkList,
@@ -129,15 +132,19 @@ impl Cni {
         } else {
             None
         };
-        let mut first_err = None;
+        let mut errors = Vec::new();
         for plugin in list.plugins.iter().rev() {
             let conf = list.plugin_stdin(plugin, prev, att);
             if let Err(e) = exec::invoke(self, plugin, "DEL", &conf, att) {
                 tracing::warn!(container_id = %att.container_id, error = %e, "CNI DEL failed");
-                first_err.get_or_insert(e);
+                errors.push(e);
             }
         }
-        first_err.map_or(Ok(()), Err)
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(CniError::Several(errors)),
+        }
     }
 
     fn cache_path(&self, id: &str) -> PathBuf {
@@ -247,5 +254,52 @@ mod tests {
             stderr: String::new(),
         };
         assert_eq!(e.to_string(), "bridge: DEL: boom (code 11): more");
+    }
+
+    /// DEL runs every plugin, in reverse order, and keeps every plugin's error.
+    #[test]
+    fn del_keeps_every_plugins_error() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("sandboxd-cni-del-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, code) in [("first", 11), ("second", 12), ("fine", 0)] {
+            let p = dir.join(name);
+            let body = if code == 0 {
+                "#!/bin/sh\nexit 0\n".to_string()
+            } else {
+                format!("#!/bin/sh\necho '{{\"cniVersion\":\"1.0.0\",\"code\":{code},\"msg\":\"{name} failed\"}}'\nexit 1\n")
+            };
+            std::fs::write(&p, body).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let conf = br#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"first"},{"type":"fine"},{"type":"second"}]}"#;
+        let list = NetworkList::parse("t.conflist", conf, false).unwrap();
+        let cni = Cni {
+            bin_dirs: vec![dir.clone()],
+            timeout: Duration::from_secs(10),
+            cache_dir: dir.join("cache"),
+        };
+        let att = Attachment {
+            container_id: "abc".into(),
+            netns: None,
+            ifname: "eth0".into(),
+            pod_name: "p".into(),
+            pod_namespace: "ns".into(),
+            pod_uid: "u".into(),
+            port_mappings: Vec::new(),
+        };
+        let e = cni.del(&list, &att, None).unwrap_err();
+        let _ = std::fs::remove_dir_all(&dir);
+        let CniError::Several(es) = &e else {
+            panic!("{e}")
+        };
+        assert_eq!(es.len(), 2, "{e}");
+        let text = e.to_string();
+        let (second, first) = (text.find("second failed"), text.find("first failed"));
+        assert!(
+            second.is_some() && first.is_some() && second < first,
+            "{text}"
+        );
     }
 }

@@ -147,7 +147,7 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
                     super::remove::unregister(rt, &entry);
                     Err(err)
                 }
-                Err(undo) => Err(Error::Many(vec![err, Error::step("roll back", &id, undo)])),
+                Err(undo) => Err(Error::with_rollback(err, &id, undo)),
             }
         }
     }

@@ -66,7 +66,7 @@ pub(crate) fn run(rt: &Runtime, config: &PodSandboxConfig) -> Result<String> {
                 }
                 Err(undo) => {
                     // Keep the record (NotReady, name reserved) so Stop/Remove finish the job.
-                    Err(Error::Many(vec![err, Error::step("roll back", &id, undo)]))
+                    Err(Error::with_rollback(err, &id, undo))
                 }
             }
         }
