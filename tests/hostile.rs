@@ -699,6 +699,7 @@ fn pulls_are_bounded() {
         .pull_image(&format!("{}/x/bomb:1", reg.addr), &Default::default())
         .unwrap_err();
     assert!(e.to_string().contains("larger than the limit"), "{e}");
+    assert!(matches!(e, sandboxd::Error::ResourceExhausted(_)), "{e}");
     assert!(t.elapsed() < Duration::from_secs(30));
     let many: Vec<String> = (0..2000).map(|i| format!("f{i}")).collect();
     let entries: Vec<busybox::Entry> = many.iter().map(|n| busybox::Entry::File(n, b"")).collect();
@@ -711,6 +712,7 @@ fn pulls_are_bounded() {
         .pull_image(&format!("{}/x/many:1", reg.addr), &Default::default())
         .unwrap_err();
     assert!(e.to_string().contains("more than 1000 entries"), "{e}");
+    assert!(matches!(e, sandboxd::Error::ResourceExhausted(_)), "{e}");
     store_empty(&rt);
     drop(rt);
     // No room: refused before a byte is written.

@@ -85,7 +85,10 @@ impl Source {
     /// Scans the tar at `path` once into `tmp`.
     fn scan(store: &ImageStore, path: &Path, tmp: &Path) -> Result<Source> {
         let f = crate::untrusted_fs::open_file(path, u64::MAX).map_err(|e| bad(&e.to_string()))?;
-        let mut archive = tar::Archive::new(super::unpack::decompress(Box::new(f)).map_err(herr)?);
+        let mut archive = tar::Archive::new(
+            super::unpack::decompress(Box::new(f))
+                .map_err(|e| super::store::layer_error(&path.display().to_string(), e))?,
+        );
         let mut members = HashMap::new();
         let mut links = HashMap::new();
         let (mut count, mut in_memory) = (0usize, 0u64);

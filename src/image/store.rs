@@ -143,6 +143,16 @@ pub(crate) fn bad(what: &str) -> Error {
     Error::InvalidArgument(format!("image: {what}"))
 }
 
+/// A layer that could not be applied: over this node's limits → ResourceExhausted, bad
+/// content → the image is invalid, the host's own failure as it is (with `context`).
+pub(crate) fn layer_error(context: &str, e: unpack::LayerError) -> Error {
+    match e {
+        unpack::LayerError::OverLimit(m) => Error::ResourceExhausted(format!("{context}: {m}")),
+        unpack::LayerError::Host(h) => Error::step("unpack layer", context, h),
+        e => bad(&format!("{context}: {e}")),
+    }
+}
+
 /// The hex part of a `sha256:` digest, checked.
 pub fn digest_hex(d: &str) -> Result<&str> {
     let h = d
@@ -343,7 +353,7 @@ impl ImageStore {
         let tmp = self.temp_dir("layer")?;
         let result = (|| {
             let (applied, got) = unpack::apply_layer(raw, &tmp, &self.limits())
-                .map_err(|e| Error::step("unpack layer", diff_id, e))?;
+                .map_err(|e| layer_error(diff_id, e))?;
             if got != diff_id {
                 return Err(bad(&format!(
                     "layer content is {got}, the config says {diff_id}"

@@ -1,0 +1,239 @@
+//! Unit tests of layer unpacking: formats, whiteouts, hostile entries, limits.
+use super::*;
+use std::path::PathBuf;
+
+fn tar_of(build: impl FnOnce(&mut tar::Builder<Vec<u8>>)) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    build(&mut b);
+    b.into_inner().unwrap()
+}
+
+fn header(kind: tar::EntryType, path: &str, size: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_size(size);
+    h.set_mode(0o755);
+    h.set_uid(1000);
+    h.set_gid(1001);
+    let _ = h.set_path(path);
+    h.set_cksum();
+    h
+}
+
+fn raw_entry(
+    b: &mut tar::Builder<Vec<u8>>,
+    kind: tar::EntryType,
+    name: &[u8],
+    link: Option<&[u8]>,
+    data: &[u8],
+) {
+    // Writes names verbatim (the builder refuses "..": hostile layers need raw headers).
+    let mut h = tar::Header::new_old();
+    h.set_entry_type(kind);
+    h.set_size(data.len() as u64);
+    h.set_mode(0o644);
+    h.as_old_mut().name[..name.len()].copy_from_slice(name);
+    if let Some(l) = link {
+        h.as_old_mut().linkname[..l.len()].copy_from_slice(l);
+    }
+    h.set_cksum();
+    b.append(&h, data).unwrap();
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("sandboxd-unpack-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn files_links_whiteouts_and_gzip() {
+    let data = tar_of(|b| {
+        b.append(&header(tar::EntryType::Directory, "etc/", 0), &[][..])
+            .unwrap();
+        b.append(
+            &header(tar::EntryType::Regular, "etc/hello", 5),
+            &b"hello"[..],
+        )
+        .unwrap();
+        let mut l = header(tar::EntryType::Link, "etc/hello2", 0);
+        l.set_link_name("etc/hello").unwrap();
+        l.set_cksum();
+        b.append(&l, &[][..]).unwrap();
+        let mut s = header(tar::EntryType::Symlink, "bin", 0);
+        s.set_link_name("/usr/bin").unwrap();
+        s.set_cksum();
+        b.append(&s, &[][..]).unwrap();
+        b.append(&header(tar::EntryType::Regular, "etc/.wh.gone", 0), &[][..])
+            .unwrap();
+        b.append(
+            &header(tar::EntryType::Regular, "var/.wh..wh..opq", 0),
+            &[][..],
+        )
+        .unwrap();
+        b.append(&header(tar::EntryType::Char, "dev/null", 0), &[][..])
+            .unwrap();
+    });
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, &data).unwrap();
+    let gz = gz.finish().unwrap();
+    let root = tmp("ok");
+    let a = apply(Box::new(&gz[..]), &root).unwrap();
+    assert_eq!(a.whiteouts, 2);
+    assert_eq!(a.skipped_devices, 1);
+    assert_eq!(std::fs::read(root.join("etc/hello")).unwrap(), b"hello");
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(root.join("etc/hello")).unwrap();
+    assert_eq!(
+        (m.uid(), m.gid(), m.mode() & 0o7777, m.nlink()),
+        (1000, 1001, 0o755, 2)
+    );
+    assert_eq!(
+        std::fs::read_link(root.join("bin")).unwrap(),
+        PathBuf::from("/usr/bin")
+    );
+    let wh = std::fs::symlink_metadata(root.join("etc/gone")).unwrap();
+    use std::os::unix::fs::FileTypeExt;
+    assert!(wh.file_type().is_char_device() && wh.rdev() == 0);
+    assert!(!root.join("dev/null").exists());
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn zstd_layer_and_its_diff_id() {
+    let data = tar_of(|b| {
+        b.append(&header(tar::EntryType::Directory, "opt/", 0), &[][..])
+            .unwrap();
+        b.append(&header(tar::EntryType::Regular, "opt/z", 4), &b"zstd"[..])
+            .unwrap();
+    });
+    let z =
+        ruzstd::encoding::compress_to_vec(&data[..], ruzstd::encoding::CompressionLevel::Fastest);
+    assert_eq!(&z[..4], b"\x28\xb5\x2f\xfd", "not a zstd frame");
+    let root = tmp("zstd");
+    let (_, diff_id) = apply_layer(Box::new(&z[..]), &root, &Limits::default()).unwrap();
+    use sha2::Digest;
+    assert_eq!(
+        diff_id,
+        format!("sha256:{}", hex(&sha2::Sha256::digest(&data)))
+    );
+    assert_eq!(std::fs::read(root.join("opt/z")).unwrap(), b"zstd");
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn hostile_layers_cannot_escape() {
+    let outside = tmp("outside");
+    // 1. "../" in a path.
+    let t = tar_of(|b| raw_entry(b, tar::EntryType::Regular, b"../../escape", None, b"x"));
+    let root = tmp("h1");
+    assert!(apply(Box::new(&t[..]), &root)
+        .unwrap_err()
+        .to_string()
+        .contains(".."));
+    // 2. An absolute path lands inside the layer.
+    let abs = outside.join("abs");
+    let t = tar_of(|b| {
+        raw_entry(
+            b,
+            tar::EntryType::Regular,
+            abs.to_str().unwrap().as_bytes(),
+            None,
+            b"x",
+        )
+    });
+    let root = tmp("h2");
+    apply(Box::new(&t[..]), &root).unwrap();
+    assert!(!abs.exists());
+    assert!(root.join(abs.strip_prefix("/").unwrap()).exists());
+    // 3. A symlinked parent pointing outside, then a file through it.
+    let t = tar_of(|b| {
+        raw_entry(
+            b,
+            tar::EntryType::Symlink,
+            b"link",
+            Some(outside.to_str().unwrap().as_bytes()),
+            b"",
+        );
+        raw_entry(b, tar::EntryType::Regular, b"link/pwned", None, b"x");
+    });
+    let root = tmp("h3");
+    assert!(apply(Box::new(&t[..]), &root).is_err());
+    assert!(!outside.join("pwned").exists());
+    // 4. A hardlink to a file outside the layer.
+    let secret = outside.join("secret");
+    std::fs::write(&secret, "s").unwrap();
+    let t = tar_of(|b| {
+        raw_entry(
+            b,
+            tar::EntryType::Link,
+            b"stolen",
+            Some(b"../../../../../../../../tmp/x"),
+            b"",
+        )
+    });
+    let root = tmp("h4");
+    assert!(apply(Box::new(&t[..]), &root).is_err());
+    let t = tar_of(|b| {
+        raw_entry(
+            b,
+            tar::EntryType::Link,
+            b"stolen",
+            Some(secret.to_str().unwrap().as_bytes()),
+            b"",
+        )
+    });
+    let root5 = tmp("h5");
+    assert!(
+        apply(Box::new(&t[..]), &root5).is_err(),
+        "absolute hardlink target resolved outside"
+    );
+    // 5. A whiteout through a symlinked parent.
+    let t = tar_of(|b| {
+        raw_entry(
+            b,
+            tar::EntryType::Symlink,
+            b"l2",
+            Some(outside.to_str().unwrap().as_bytes()),
+            b"",
+        );
+        raw_entry(b, tar::EntryType::Regular, b"l2/.wh.secret", None, b"");
+    });
+    let root6 = tmp("h6");
+    assert!(apply(Box::new(&t[..]), &root6).is_err());
+    assert!(secret.exists(), "whiteout removed a file outside the layer");
+    // 6. A whiteout of ".." (`.wh...`) or "." would empty the layer's parent.
+    let sibling = root6
+        .parent()
+        .unwrap()
+        .join(format!("sandboxd-unpack-{}-sibling", std::process::id()));
+    std::fs::create_dir_all(&sibling).unwrap();
+    for name in [&b"dir/.wh..."[..], b"dir/.wh..", b".wh."] {
+        let t = tar_of(|b| raw_entry(b, tar::EntryType::Regular, name, None, b""));
+        let root7 = tmp("h7");
+        assert!(
+            apply(Box::new(&t[..]), &root7).is_err(),
+            "{:?} accepted",
+            String::from_utf8_lossy(name)
+        );
+        assert!(
+            sibling.exists() && root7.exists(),
+            "a whiteout removed the layer's parent"
+        );
+        let _ = std::fs::remove_dir_all(root7);
+    }
+    let _ = std::fs::remove_dir_all(&sibling);
+    for d in [
+        outside,
+        root,
+        root5,
+        root6,
+        tmp("h1"),
+        tmp("h2"),
+        tmp("h3"),
+        tmp("h4"),
+    ] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
