@@ -111,13 +111,17 @@ pub fn mount_overlay(
 ) -> Result<(), HostError> {
     overlay_dirs(upper, work)?;
     crate::state::files::private_dir_all(target)?;
-    let data = overlay_data(lower, upper, work)?;
+    overlay_at(target, &overlay_data(lower, upper, work)?)
+}
+
+/// Mounts an overlay with the options `data` at `target`.
+pub(crate) fn overlay_at(target: &Path, data: &str) -> Result<(), HostError> {
     mount(
         Some("overlay"),
         target,
         Some("overlay"),
         MsFlags::empty(),
-        Some(data.as_str()),
+        Some(data),
     )
     .map_err(|e| HostError::sys("mount overlay rootfs on", target, e))
 }

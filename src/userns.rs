@@ -324,16 +324,7 @@ pub fn mount_overlay(
         crate::mounts::mount_tree_copy(ovl, &at, false, Some(userns.as_fd()))?;
         let data = crate::mounts::overlay_data(&mapped, &at.join("upper"), &at.join("work"))?;
         mapped.push(at);
-        as_pod_root(host_root, || {
-            mount(
-                Some("overlay"),
-                target,
-                Some("overlay"),
-                MsFlags::empty(),
-                Some(data.as_str()),
-            )
-            .map_err(|e| HostError::sys("mount idmapped overlay rootfs on", target, e))
-        })
+        as_pod_root(host_root, || crate::mounts::overlay_at(target, &data))
     })();
     for m in &mapped {
         let _ = umount2(m, MntFlags::MNT_DETACH);

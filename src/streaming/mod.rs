@@ -5,8 +5,12 @@
 
 pub mod client;
 pub mod exec;
+mod listener;
 pub mod spdy;
 pub mod ws;
+
+pub use listener::fd_limit;
+use listener::{tls_acceptor, ConnLimits};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -121,42 +125,45 @@ impl Target {
         }
     }
 
-    /// The process side of an exec or attach target; `None` for port forwarding.
-    pub(crate) fn process(&self) -> Option<Process> {
-        match self.clone() {
+    /// The container and the stdio flags `[tty, stdin, stdout, stderr]` of an exec or attach
+    /// target; `None` for port forwarding.
+    fn stdio(&self) -> Option<(&str, [bool; 4])> {
+        match self {
             Target::Exec {
                 container_id,
-                cmd,
                 tty,
                 stdin,
                 stdout,
                 stderr,
-            } => Some(Process {
-                container_id,
-                cmd,
-                attach: false,
-                tty,
-                stdin,
-                stdout,
-                stderr: stderr && !tty,
-            }),
-            Target::Attach {
+                ..
+            }
+            | Target::Attach {
                 container_id,
                 tty,
                 stdin,
                 stdout,
                 stderr,
-            } => Some(Process {
-                container_id,
-                cmd: Vec::new(),
-                attach: true,
-                tty,
-                stdin,
-                stdout,
-                stderr: stderr && !tty,
-            }),
+            } => Some((container_id, [*tty, *stdin, *stdout, *stderr])),
             Target::PortForward { .. } => None,
         }
+    }
+
+    /// The process side of an exec or attach target; `None` for port forwarding.
+    pub(crate) fn process(&self) -> Option<Process> {
+        let (container_id, [tty, stdin, stdout, stderr]) = self.stdio()?;
+        let (cmd, attach) = match self {
+            Target::Exec { cmd, .. } => (cmd.clone(), false),
+            _ => (Vec::new(), true),
+        };
+        Some(Process {
+            container_id: container_id.to_string(),
+            cmd,
+            attach,
+            tty,
+            stdin,
+            stdout,
+            stderr: stderr && !tty,
+        })
     }
 
     fn protocols(&self, spdy: bool) -> &'static [&'static str] {
@@ -167,6 +174,46 @@ impl Target {
             (_, false) => ws::EXEC_PROTOCOLS,
         }
     }
+}
+
+/// One write of a session's writer, within `limit`: false if it failed or stalled past the
+/// limit (a client that stopped reading), which ends the session.
+pub(crate) async fn write_within<E>(
+    limit: Duration,
+    write: impl std::future::Future<Output = std::result::Result<(), E>>,
+) -> bool {
+    match tokio::time::timeout(limit, write).await {
+        Ok(r) => r.is_ok(),
+        Err(_) => {
+            tracing::info!("streaming client stopped reading for {limit:?}; closing the session");
+            false
+        }
+    }
+}
+
+/// An attach must match how the container was made: stdin only if it has one, a terminal
+/// exactly when it has one, and a monitor with an attach socket.
+fn check_attach(r: &crate::ContainerRecord, tty: bool, stdin: bool) -> Result<()> {
+    if stdin && !r.config.stdin {
+        return Err(Error::InvalidArgument(format!(
+            "stdin: container {} was not created with stdin",
+            r.id
+        )));
+    }
+    if r.config.tty != tty {
+        return Err(Error::InvalidArgument(format!(
+            "tty: container {} was created {} a terminal",
+            r.id,
+            if r.config.tty { "with" } else { "without" }
+        )));
+    }
+    if r.attach_socket.is_none() {
+        return Err(Error::FailedPrecondition(format!(
+            "container {} has no attach socket (created by an older sandboxd)",
+            r.id
+        )));
+    }
+    Ok(())
 }
 
 /// Runs the exec'd command or the attach for a session whose streams are wired up.
@@ -320,54 +367,26 @@ impl StreamingServer {
 
     /// Checks an exec request and issues its URL (for the full id the prefix resolved to).
     pub fn exec_url(&self, mut target: Target) -> Result<String> {
-        match &mut target {
-            Target::Exec {
-                container_id,
-                cmd,
-                tty,
-                stdin,
-                stdout,
-                stderr,
-            } => {
-                if cmd.is_empty() {
+        let resolved = match (&target, target.stdio()) {
+            (Target::PortForward { sandbox_id, .. }, _) => self.ready_sandbox(sandbox_id)?.id,
+            (t, Some((id, [tty, stdin, stdout, stderr]))) => {
+                if matches!(t, Target::Exec { cmd, .. } if cmd.is_empty()) {
                     return Err(Error::InvalidArgument("cmd must not be empty".into()));
                 }
-                check_stdio(*tty, *stdin, *stdout, *stderr)?;
-                *container_id = self.running_container(container_id)?.id;
-            }
-            Target::Attach {
-                container_id,
-                tty,
-                stdin,
-                stdout,
-                stderr,
-            } => {
-                check_stdio(*tty, *stdin, *stdout, *stderr)?;
-                let r = self.running_container(container_id)?;
-                if *stdin && !r.config.stdin {
-                    return Err(Error::InvalidArgument(format!(
-                        "stdin: container {} was not created with stdin",
-                        r.id
-                    )));
+                check_stdio(tty, stdin, stdout, stderr)?;
+                let r = self.running_container(id)?;
+                if matches!(t, Target::Attach { .. }) {
+                    check_attach(&r, tty, stdin)?;
                 }
-                if r.config.tty != *tty {
-                    return Err(Error::InvalidArgument(format!(
-                        "tty: container {} was created {} a terminal",
-                        r.id,
-                        if r.config.tty { "with" } else { "without" }
-                    )));
-                }
-                if r.attach_socket.is_none() {
-                    return Err(Error::FailedPrecondition(format!(
-                        "container {} has no attach socket (created by an older sandboxd)",
-                        r.id
-                    )));
-                }
-                *container_id = r.id;
+                r.id
             }
-            Target::PortForward { sandbox_id, .. } => {
-                *sandbox_id = self.ready_sandbox(sandbox_id)?.id;
+            (_, None) => unreachable!("exec and attach targets have stdio"),
+        };
+        match &mut target {
+            Target::Exec { container_id, .. } | Target::Attach { container_id, .. } => {
+                *container_id = resolved
             }
+            Target::PortForward { sandbox_id, .. } => *sandbox_id = resolved,
         }
         Ok(self.issue(target))
     }
@@ -486,73 +505,6 @@ fn s_header_timeout(s: &StreamingServer) -> Duration {
     Duration::from_secs(s.cfg.header_timeout_secs.max(1))
 }
 
-/// Caps on open connections, in total and per client address. A connection holds its
-/// [`ConnSlot`] until it closes (its session included).
-struct ConnLimits {
-    total: Arc<tokio::sync::Semaphore>,
-    per_ip: Arc<Mutex<HashMap<std::net::IpAddr, usize>>>,
-    max_per_ip: usize,
-}
-
-struct ConnSlot {
-    _permit: tokio::sync::OwnedSemaphorePermit,
-    ip: std::net::IpAddr,
-    per_ip: Arc<Mutex<HashMap<std::net::IpAddr, usize>>>,
-}
-
-impl Drop for ConnSlot {
-    fn drop(&mut self) {
-        let mut m = lock(&self.per_ip);
-        if let Some(n) = m.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&self.ip);
-            }
-        }
-    }
-}
-
-impl ConnLimits {
-    fn new(cfg: &StreamingConfig) -> ConnLimits {
-        let fd_share = fd_limit() / 4;
-        let total = cfg.max_connections.min(fd_share).max(1);
-        if total < cfg.max_connections {
-            tracing::warn!(
-                max_connections = cfg.max_connections,
-                using = total,
-                "streaming connections capped to a quarter of the file descriptor limit"
-            );
-        }
-        ConnLimits {
-            total: Arc::new(tokio::sync::Semaphore::new(total)),
-            per_ip: Arc::new(Mutex::new(HashMap::new())),
-            max_per_ip: cfg.max_connections_per_ip.max(1),
-        }
-    }
-
-    fn admit(&self, ip: std::net::IpAddr) -> Option<ConnSlot> {
-        let permit = self.total.clone().try_acquire_owned().ok()?;
-        let mut m = lock(&self.per_ip);
-        let n = m.entry(ip).or_insert(0);
-        if *n >= self.max_per_ip {
-            return None;
-        }
-        *n += 1;
-        Some(ConnSlot {
-            _permit: permit,
-            ip,
-            per_ip: self.per_ip.clone(),
-        })
-    }
-}
-
-/// The soft limit on open file descriptors of this process.
-pub fn fd_limit() -> usize {
-    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-        .map(|(soft, _)| soft as usize)
-        .unwrap_or(1024)
-}
-
 /// Which streams a session may ask for: at least one, and no stderr beside a terminal.
 fn check_stdio(tty: bool, stdin: bool, stdout: bool, stderr: bool) -> Result<()> {
     if !(stdin || stdout || stderr) {
@@ -566,37 +518,6 @@ fn check_stdio(tty: bool, stdin: bool, stdout: bool, stderr: bool) -> Result<()>
         ));
     }
     Ok(())
-}
-
-/// The TLS acceptor for the configured certificate and key, if any.
-fn tls_acceptor(cfg: &StreamingConfig) -> Result<Option<tokio_rustls::TlsAcceptor>> {
-    use rustls_pki_types::pem::PemObject;
-    let (cert, key) = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
-        (None, None) => return Ok(None),
-        (Some(c), Some(k)) => (c, k),
-        _ => {
-            return Err(Error::Config(
-                "streaming: tls_cert_file and tls_key_file go together".into(),
-            ))
-        }
-    };
-    let bad =
-        |what: &str, e: &dyn std::fmt::Display| Error::Config(format!("streaming TLS {what}: {e}"));
-    let chain = rustls_pki_types::CertificateDer::pem_file_iter(cert)
-        .map_err(|e| bad(&cert.display().to_string(), &e))?
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| bad(&cert.display().to_string(), &e))?;
-    let key = rustls_pki_types::PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| bad(&key.display().to_string(), &e))?;
-    let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(Arc::new(
-        tokio_rustls::rustls::crypto::aws_lc_rs::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| bad("protocols", &e))?
-    .with_no_client_auth()
-    .with_single_cert(chain, key)
-    .map_err(|e| bad("certificate", &e))?;
-    Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
 }
 
 fn header(req: &Request<hyper::body::Incoming>, name: &str) -> String {

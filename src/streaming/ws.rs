@@ -183,16 +183,10 @@ fn spawn_writer(
     let (tx, mut rx) = mpsc::channel::<Message>(cap);
     let task = tokio::spawn(async move {
         while let Some(m) = rx.recv().await {
-            match tokio::time::timeout(write_timeout, sink.send(m)).await {
-                Ok(Ok(())) => {
-                    activity.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(Err(_)) => break,
-                Err(_) => {
-                    tracing::info!("streaming client stopped reading for {write_timeout:?}; closing the session");
-                    break;
-                }
+            if !super::write_within(write_timeout, sink.send(m)).await {
+                break;
             }
+            activity.fetch_add(1, Ordering::Relaxed);
         }
         let _ = dead.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;

@@ -117,20 +117,13 @@ async fn session<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     let write_timeout = server.write_timeout();
     let writer_activity = activity.clone();
     let writer = tokio::spawn(async move {
+        // Everything queued behind a stalled write is bounded by the budget.
         while let Some((f, n)) = rx.recv().await {
-            // A client that stops reading stalls this write: past the write timeout the
-            // session is over (everything queued behind it is bounded by the budget).
-            match tokio::time::timeout(write_timeout, wr.write_all(&f)).await {
-                Ok(Ok(())) => {
-                    writer_activity.fetch_add(1, Ordering::Relaxed);
-                    budget.add_permits(n as usize);
-                }
-                Ok(Err(_)) => break,
-                Err(_) => {
-                    tracing::info!("streaming client stopped reading for {write_timeout:?}; closing the session");
-                    break;
-                }
+            if !super::write_within(write_timeout, wr.write_all(&f)).await {
+                break;
             }
+            writer_activity.fetch_add(1, Ordering::Relaxed);
+            budget.add_permits(n as usize);
         }
         let _ = dead.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(1), wr.shutdown()).await;
