@@ -347,21 +347,17 @@ pub async fn exec(
     for t in inputs {
         t.abort();
     }
-    for mut t in tasks {
-        // EOF comes once the process and anything it left holding the output are gone; a
-        // background child that keeps the pipe open does not keep the task (or its pipe) alive.
-        if tokio::time::timeout(DRAIN, &mut t).await.is_err() {
-            t.abort();
-        }
+    for t in tasks {
+        // EOF comes once the process and anything it left holding the output are gone. A
+        // task still forwarding then goes on detached: it ends at EOF or once the session is
+        // over (its sends fail), and holds at most its fixed buffers meanwhile.
+        let _ = tokio::time::timeout(DRAIN, t).await;
     }
-    let mut err_task = err_task;
-    let own_err = match tokio::time::timeout(DRAIN, &mut err_task).await {
-        Ok(r) => r.unwrap_or_default(),
-        Err(_) => {
-            err_task.abort();
-            Vec::new()
-        }
-    };
+    let own_err = tokio::time::timeout(DRAIN, err_task)
+        .await
+        .ok()
+        .and_then(|r| r.ok())
+        .unwrap_or_default();
     cleanup();
     match status {
         Ok(s) => {
