@@ -8,6 +8,7 @@ pub mod codes;
 pub mod container;
 pub mod crictl_json;
 pub mod events;
+mod health;
 pub mod image;
 mod image_service;
 pub mod metrics;

@@ -7,38 +7,6 @@ use tonic::{Request, Response, Status};
 
 use super::*;
 
-/// One pod's stats: its cgroup (which holds every container's), its network namespace's
-/// interfaces, its process count and its running containers.
-fn pod_stats(p: &crate::metrics::PodUsage) -> cri::PodSandboxStats {
-    let r = &p.sandbox;
-    let now = p.timestamp;
-    let (cpu, memory) = container::usage_to_cri(&p.cgroup.usage(), now);
-    let containers = p
-        .containers
-        .iter()
-        .map(|c| container::stats_of(c, now))
-        .collect();
-    cri::PodSandboxStats {
-        attributes: Some(cri::PodSandboxAttributes {
-            id: r.id.clone(),
-            metadata: Some(pod::metadata_to_cri(&r.config.metadata)),
-            labels: pod::unsorted(&r.config.labels),
-            annotations: pod::unsorted(&r.config.annotations),
-        }),
-        linux: Some(cri::LinuxPodSandboxStats {
-            cpu: Some(cpu),
-            memory: Some(memory),
-            network: metrics::network_stats(p),
-            process: p.cgroup.processes.map(|n| cri::ProcessUsage {
-                timestamp: now,
-                process_count: Some(cri::UInt64Value { value: n }),
-            }),
-            containers,
-        }),
-        windows: None,
-    }
-}
-
 #[tonic::async_trait]
 impl RuntimeService for CriService {
     async fn version(
@@ -206,7 +174,7 @@ impl RuntimeService for CriService {
         let stats = match filter {
             Some(filter) => {
                 self.blocking("ListPodSandboxStats", "", move |rt| {
-                    Ok(rt.pods_usage(&filter).iter().map(pod_stats).collect())
+                    Ok(rt.pods_usage(&filter).iter().map(pod::pod_stats).collect())
                 })
                 .await?
             }
@@ -228,79 +196,12 @@ impl RuntimeService for CriService {
         req: Request<cri::StatusRequest>,
     ) -> Result<Response<cri::StatusResponse>, Status> {
         let verbose = req.get_ref().verbose;
-        let crate::RuntimeHealth {
-            network,
-            handlers,
-            quarantined,
-        } = self.call("Status", "", |rt| Ok(rt.health())).await?;
-        let cfg = self.rt.config().clone();
-        let mut conditions = vec![cri::RuntimeCondition {
-            r#type: "RuntimeReady".into(),
-            status: true,
-            reason: String::new(),
-            message: String::new(),
-        }];
-        let mut info = std::collections::HashMap::new();
-        match &network {
-            Ok(list) => {
-                conditions.push(cri::RuntimeCondition {
-                    r#type: "NetworkReady".into(),
-                    status: true,
-                    reason: String::new(),
-                    message: String::new(),
-                });
-                if verbose {
-                    info.insert(
-                        "network".to_string(),
-                        serde_json::to_string(list).unwrap_or_default(),
-                    );
-                }
-            }
-            Err(e) => conditions.push(cri::RuntimeCondition {
-                r#type: "NetworkReady".into(),
-                status: false,
-                reason: "NetworkPluginNotReady".into(),
-                message: e.clone(),
-            }),
-        }
-        // Records found unreadable at start-up: reported until RemovePodSandbox /
-        // RemoveContainer of their ids finishes them (kubelet acts only on the two
-        // conditions above; this one is for the operator).
-        if !quarantined.is_empty() {
-            conditions.push(cri::RuntimeCondition {
-                r#type: "RecordsReadable".into(),
-                status: false,
-                reason: "RecordsQuarantined".into(),
-                message: format!(
-                    "{} record(s) quarantined, nothing they own is collected; remove them by id: {}",
-                    quarantined.len(),
-                    quarantined.join("; ")
-                ),
-            });
-        }
-        if verbose {
-            info.insert(
-                "config".to_string(),
-                serde_json::to_string(&cfg).unwrap_or_default(),
-            );
-        }
-        Ok(Response::new(cri::StatusResponse {
-            status: Some(cri::RuntimeStatus { conditions }),
-            info,
-            runtime_handlers: handlers
-                .into_iter()
-                .map(|h| cri::RuntimeHandler {
-                    name: h.name,
-                    features: Some(cri::RuntimeHandlerFeatures {
-                        recursive_read_only_mounts: h.recursive_read_only_mounts,
-                        user_namespaces: h.user_namespaces,
-                    }),
-                })
-                .collect(),
-            features: Some(cri::RuntimeFeatures {
-                supplemental_groups_policy: true,
-            }),
-        }))
+        let health = self.call("Status", "", |rt| Ok(rt.health())).await?;
+        Ok(Response::new(health::status_to_cri(
+            health,
+            self.rt.config(),
+            verbose,
+        )))
     }
 
     async fn runtime_config(
@@ -575,7 +476,7 @@ impl RuntimeService for CriService {
         let i = id.clone();
         let stats = self
             .call("PodSandboxStats", &id, move |rt| {
-                Ok(pod_stats(&rt.pod_usage_detail(&i)?))
+                Ok(pod::pod_stats(&rt.pod_usage_detail(&i)?))
             })
             .await?;
         Ok(Response::new(cri::PodSandboxStatsResponse {

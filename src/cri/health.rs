@@ -1,0 +1,84 @@
+//! The runtime's health as CRI `Status` reports it: conditions (RuntimeReady, NetworkReady,
+//! and RecordsReadable while records are quarantined), the handlers with their features.
+
+use k8s_cri::v1 as cri;
+
+/// `RuntimeHealth` → `StatusResponse` (`verbose`: the network list and the config as info).
+pub fn status_to_cri(
+    health: crate::RuntimeHealth,
+    cfg: &crate::Config,
+    verbose: bool,
+) -> cri::StatusResponse {
+    let crate::RuntimeHealth {
+        network,
+        handlers,
+        quarantined,
+    } = health;
+    let mut conditions = vec![cri::RuntimeCondition {
+        r#type: "RuntimeReady".into(),
+        status: true,
+        reason: String::new(),
+        message: String::new(),
+    }];
+    let mut info = std::collections::HashMap::new();
+    match &network {
+        Ok(list) => {
+            conditions.push(cri::RuntimeCondition {
+                r#type: "NetworkReady".into(),
+                status: true,
+                reason: String::new(),
+                message: String::new(),
+            });
+            if verbose {
+                info.insert(
+                    "network".to_string(),
+                    serde_json::to_string(list).unwrap_or_default(),
+                );
+            }
+        }
+        Err(e) => conditions.push(cri::RuntimeCondition {
+            r#type: "NetworkReady".into(),
+            status: false,
+            reason: "NetworkPluginNotReady".into(),
+            message: e.clone(),
+        }),
+    }
+    // Records found unreadable at start-up: reported until RemovePodSandbox /
+    // RemoveContainer of their ids finishes them (kubelet acts only on the two
+    // conditions above; this one is for the operator).
+    if !quarantined.is_empty() {
+        conditions.push(cri::RuntimeCondition {
+            r#type: "RecordsReadable".into(),
+            status: false,
+            reason: "RecordsQuarantined".into(),
+            message: format!(
+                "{} record(s) quarantined, nothing they own is collected; remove them by id: {}",
+                quarantined.len(),
+                quarantined.join("; ")
+            ),
+        });
+    }
+    if verbose {
+        info.insert(
+            "config".to_string(),
+            serde_json::to_string(&cfg).unwrap_or_default(),
+        );
+    }
+    cri::StatusResponse {
+        status: Some(cri::RuntimeStatus { conditions }),
+        info,
+        runtime_handlers: handlers
+            .into_iter()
+            .map(|h| cri::RuntimeHandler {
+                name: h.name,
+                features: Some(cri::RuntimeHandlerFeatures {
+                    recursive_read_only_mounts: h.recursive_read_only_mounts,
+                    user_namespaces: h.user_namespaces,
+                }),
+            })
+            .collect(),
+        features: Some(cri::RuntimeFeatures {
+            supplemental_groups_policy: true,
+        }),
+    }
+}
