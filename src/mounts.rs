@@ -168,10 +168,11 @@ pub(crate) fn overlay_data(
     Ok(data)
 }
 
-/// Lazily unmounts every mount stacked at `path`. Not mounted is success.
+/// Lazily unmounts every mount stacked at `path`. Not mounted is success. Asks the kernel
+/// about `path` alone (statx), so its cost does not grow with the node's mount table.
 pub fn unmount_all(path: &Path) -> Result<(), HostError> {
     for _ in 0..16 {
-        if mounted_at(path)?.is_none() {
+        if !is_mounted(path)? {
             return Ok(());
         }
         match umount2(path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
@@ -221,9 +222,22 @@ pub fn make_shared_dir(dir: &Path) -> Result<(), HostError> {
 /// Is `path` the root of a mount (a mount point), whatever the filesystem (bind mounts of
 /// the same filesystem included)? Symlinks are not followed.
 pub fn is_mount_root(path: &Path) -> bool {
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
-        return false;
-    };
+    mount_root_attr(path) == Some(true)
+}
+
+/// Is a mount at exactly `path` (its last component not followed)? statx's mount-root
+/// attribute where the kernel has it (5.8), else the mount table.
+pub fn is_mounted(path: &Path) -> Result<bool, HostError> {
+    match mount_root_attr(path) {
+        Some(m) => Ok(m),
+        None if std::fs::symlink_metadata(path).is_err() => Ok(false),
+        None => Ok(mounted_at(path)?.is_some()),
+    }
+}
+
+/// statx's STATX_ATTR_MOUNT_ROOT of `path`; `None` if statx fails or does not report it.
+fn mount_root_attr(path: &Path) -> Option<bool> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
     // SAFETY: an all-zero statx is a valid value of this plain C struct.
     let mut st: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: a valid NUL-terminated path and a statx buffer we own, for the call.
@@ -236,9 +250,8 @@ pub fn is_mount_root(path: &Path) -> bool {
             &mut st,
         )
     };
-    r == 0
-        && st.stx_attributes_mask & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0
-        && st.stx_attributes & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0
+    let known = st.stx_attributes_mask & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0;
+    (r == 0 && known).then_some(st.stx_attributes & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0)
 }
 
 /// Removes a directory tree without ever descending into a mount inside it (a container's

@@ -34,14 +34,22 @@ pub struct ContainerUsage {
 impl Runtime {
     /// The use of the pods `filter` matches and of their running containers.
     pub fn pods_usage(&self, filter: &crate::SandboxFilter) -> Vec<PodUsage> {
-        let running = self.list_containers(&crate::ContainerFilter {
+        // Grouped by pod once: O(pods + containers), not pods × containers.
+        let mut running: std::collections::HashMap<String, Vec<ContainerRecord>> =
+            Default::default();
+        for c in self.list_containers(&crate::ContainerFilter {
             state: Some(ContainerState::Running),
             ..Default::default()
-        });
+        }) {
+            running.entry(c.sandbox_id.clone()).or_default().push(c);
+        }
         self.list_pod_sandboxes(filter)
             .iter()
             .filter_map(|s| self.sandbox_record(&s.id).ok())
-            .map(|sb| self.usage_of(sb, &running))
+            .map(|sb| {
+                let mine = running.remove(&sb.id).unwrap_or_default();
+                self.usage_of(sb, mine)
+            })
             .collect()
     }
 
@@ -53,7 +61,7 @@ impl Runtime {
             state: Some(ContainerState::Running),
             ..Default::default()
         });
-        Ok(self.usage_of(sb, &running))
+        Ok(self.usage_of(sb, running))
     }
 
     /// The use of the containers `filter` matches.
@@ -97,7 +105,8 @@ impl Runtime {
         }
     }
 
-    fn usage_of(&self, sb: SandboxRecord, running: &[ContainerRecord]) -> PodUsage {
+    /// `sb`'s use, with its running containers'.
+    fn usage_of(&self, sb: SandboxRecord, running: Vec<ContainerRecord>) -> PodUsage {
         let interfaces = match (&sb.netns, sb.state) {
             (Some(ns), SandboxState::Ready) => crate::netdev::read(ns).unwrap_or_else(|e| {
                 tracing::debug!(sandbox_id = %sb.id, error = %e, "cannot read the pod's interface counters");
@@ -106,9 +115,8 @@ impl Runtime {
             _ => Vec::new(),
         };
         let containers = running
-            .iter()
-            .filter(|c| c.sandbox_id == sb.id)
-            .map(|c| self.usage_of_container(c.clone()))
+            .into_iter()
+            .map(|c| self.usage_of_container(c))
             .collect();
         PodUsage {
             cgroup: crate::cgroups::detail(&sb.pod_cgroup(self.config())),
