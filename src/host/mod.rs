@@ -4,15 +4,18 @@
 //! method of [`Host`]. `sandbox/` (run, stop, remove, restore) and [`crate::Runtime`]'s
 //! start-up reach the host only through `rt.host`.
 //!
-//! [`RealHost`] delegates each method to the existing function, unchanged. Another
-//! implementation (a recording fake in the unit tests) lets rollback order, the CNI DEL
-//! give-up policy and restore decisions be tested without root, as youki's `Syscall` trait
-//! does with its test double.
+//! [`RealHost`] delegates each method to the existing function, unchanged. The unit tests use
+//! the recording fake in `fake.rs`, which logs every call in order and fails the calls it is
+//! told to, so rollback order, the CNI DEL give-up policy and restore decisions are tested
+//! without root in milliseconds (as youki's `Syscall` trait with its test double does).
 //! Container lifecycle (`container/`) still calls the host directly: its ordering is tested
 //! by the privileged integration tests only.
 //!
 //! What stays outside: reads and writes under the state root (records, the CNI cache reads
 //! and removal, sandbox files), which are plain files the unit tests keep real in a temp dir.
+
+#[cfg(test)]
+pub(crate) mod fake;
 
 use std::path::Path;
 use std::time::Duration;
