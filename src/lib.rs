@@ -13,6 +13,7 @@ pub mod error;
 pub mod events;
 pub mod failpoint;
 pub mod health;
+mod host;
 pub mod image;
 pub mod lsm;
 pub mod metrics;
@@ -48,6 +49,7 @@ pub use sandbox::{
 };
 
 use crate::cni::Cni;
+use crate::host::Host;
 use crate::oci::OciRuntime;
 
 /// One sandbox in memory (see [`state::Entry`]).
@@ -83,6 +85,9 @@ pub struct Runtime {
     pub(crate) metrics: Arc<metrics::prom::DaemonMetrics>,
     /// Whether pods can have user namespaces here (`userns::probe`, tried at first need).
     pub(crate) userns_support: std::sync::OnceLock<std::result::Result<(), String>>,
+    /// The host operations the pod lifecycle orders (`host/`): the real host, or a
+    /// recording fake in the unit tests.
+    pub(crate) host: Arc<dyn Host>,
 }
 
 /// The outcome of one pull, shared by everyone who asked for it while it ran.
@@ -95,7 +100,12 @@ impl Runtime {
     /// then restores every recorded sandbox: half-created ones are rolled back, the rest are
     /// registered again with their names; unreferenced leftovers are collected.
     pub fn new(cfg: Config) -> Result<Self> {
-        let rt = Self::open(cfg)?;
+        Self::with_host(cfg, Arc::new(host::RealHost))
+    }
+
+    /// [`Runtime::new`] with the pod lifecycle's host operations going to `host`.
+    pub(crate) fn with_host(cfg: Config, host: Arc<dyn Host>) -> Result<Self> {
+        let rt = Self::open(cfg, host)?;
         // Containers first: a sandbox rolled back on restore removes its containers, and
         // the collection of unreferenced runtime containers must know every container.
         container::restore::load(&rt)?;
@@ -110,7 +120,7 @@ impl Runtime {
         Ok(rt)
     }
 
-    fn open(cfg: Config) -> Result<Self> {
+    fn open(cfg: Config, host: Arc<dyn Host>) -> Result<Self> {
         check_root(&cfg.root)?;
         // Refuse an unusable pause binary before anything is created.
         let pause = Config::helper_path(&cfg.pause_path, "sandboxd-pause").filter(|p| p.is_file());
@@ -149,7 +159,7 @@ impl Runtime {
             state::files::restrict_dir(&p)?;
         }
         for d in cfg.namespace_dirs() {
-            mounts::make_shared_dir(d)?;
+            host.make_shared_dir(d)?;
         }
         let monitor = Config::helper_path(&cfg.monitor_path, "sandboxd-monitor");
         let mut runtimes = HashMap::new();
@@ -223,6 +233,7 @@ impl Runtime {
             metrics: Arc::new(metrics::prom::DaemonMetrics::new()),
             userns_support: std::sync::OnceLock::new(),
             exit_watch: events::watch::ExitWatcher::new(),
+            host,
         })
     }
 

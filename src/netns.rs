@@ -40,6 +40,12 @@ pub struct PinRequest {
 pub struct Pinning(Option<std::thread::JoinHandle<Result<(), HostError>>>);
 
 impl Pinning {
+    /// A pinning whose outcome is known already (a test double's).
+    #[cfg(test)]
+    pub(crate) fn finished(outcome: Result<(), HostError>) -> Self {
+        Pinning(Some(std::thread::spawn(move || outcome)))
+    }
+
     pub fn wait(self) -> Result<(), HostError> {
         let Some(handle) = self.0 else {
             return Ok(());

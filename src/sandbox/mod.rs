@@ -9,3 +9,6 @@ pub(crate) mod run;
 pub(crate) mod stop;
 
 pub use crate::model::sandbox::*;
+
+#[cfg(test)]
+mod tests;

@@ -47,7 +47,7 @@ pub(crate) fn teardown(rt: &Runtime, entry: &SandboxEntry, rollback: bool) -> Re
         match rt.handler(&rec.runtime_handler) {
             Ok(runtime) => {
                 let files = ContainerFiles::in_dir(&rec.infra_dir(), None);
-                if let Err(e) = runtime.delete(&rec.id, &files.runtime_log) {
+                if let Err(e) = rt.host.runtime_delete(runtime, &rec.id, &files.runtime_log) {
                     errors.push(Error::step("delete infra container", &rec.id, e));
                 }
             }
@@ -59,7 +59,7 @@ pub(crate) fn teardown(rt: &Runtime, entry: &SandboxEntry, rollback: bool) -> Re
         return Error::collect(errors);
     }
     if rec.own_pod_cgroup {
-        if let Err(e) = crate::cgroups::remove(&rec.pod_cgroup) {
+        if let Err(e) = rt.host.remove_cgroup(&rec.pod_cgroup) {
             errors.push(Error::step("remove pod cgroup", &rec.id, e));
         }
     }
@@ -101,7 +101,7 @@ fn finish_quarantined(rt: &Runtime, id: &str) -> Result<()> {
                 .root
                 .join("runtime")
                 .join(format!("{}-gc.log", runtime.name));
-            if let Err(e) = runtime.delete(id, &log) {
+            if let Err(e) = rt.host.runtime_delete(runtime, id, &log) {
                 errors.push(Error::step("delete infra container", id, e));
             }
         }
@@ -110,22 +110,23 @@ fn finish_quarantined(rt: &Runtime, id: &str) -> Result<()> {
     let netns = rt.cfg.netns_dir.join(&name);
     let del = match rt.cni.load_cache(id) {
         Some(mut c) => {
-            c.attachment.netns = Some(netns.clone()).filter(|p| crate::netns::is_nsfs(p));
-            rt.cni.del(&c.list, &c.attachment, c.result.as_ref())
+            c.attachment.netns = Some(netns.clone()).filter(|p| rt.host.is_namespace(p));
+            rt.host
+                .cni_del(&rt.cni, &c.list, &c.attachment, c.result.as_ref())
         }
         None => {
             tracing::warn!(sandbox_id = %id, "no CNI attachment was kept for it; DEL with today's network config");
             rt.network().and_then(|list| {
                 let att = crate::cni::Attachment {
                     container_id: id.to_string(),
-                    netns: Some(netns.clone()).filter(|p| crate::netns::is_nsfs(p)),
+                    netns: Some(netns.clone()).filter(|p| rt.host.is_namespace(p)),
                     ifname: "eth0".into(),
                     pod_name: String::new(),
                     pod_namespace: String::new(),
                     pod_uid: String::new(),
                     port_mappings: Vec::new(),
                 };
-                rt.cni.del(&list, &att, None)
+                rt.host.cni_del(&rt.cni, &list, &att, None)
             })
         }
     };
@@ -135,18 +136,18 @@ fn finish_quarantined(rt: &Runtime, id: &str) -> Result<()> {
         return Error::collect(errors);
     }
     for dir in rt.cfg.namespace_dirs() {
-        if let Err(e) = crate::netns::remove(&dir.join(&name)) {
+        if let Err(e) = rt.host.remove_namespace(&dir.join(&name)) {
             errors.push(Error::step("close namespace", id, e));
         }
     }
     let dir = rt.cfg.root.join("sandboxes").join(id);
     for d in [&dir, &rt.cfg.root.join(crate::userns::DIR).join(id)] {
-        if let Err(e) = remove_orphan_dir(d) {
+        if let Err(e) = remove_orphan_dir(rt, d) {
             errors.push(Error::step("remove sandbox dir", id, e));
         }
     }
     let cgroup = format!("{}/pod-{id}", rt.cfg.cgroup_parent.trim_end_matches('/'));
-    if let Err(e) = crate::cgroups::remove(&cgroup) {
+    if let Err(e) = rt.host.remove_cgroup(&cgroup) {
         errors.push(Error::step("remove pod cgroup", id, e));
     }
     if errors.is_empty() {
@@ -174,7 +175,7 @@ pub(crate) fn unregister(rt: &Runtime, entry: &SandboxEntry) {
 }
 
 /// Removes a directory tree that may contain a mounted shm (unmounted first).
-pub(crate) fn remove_orphan_dir(dir: &std::path::Path) -> Result<(), HostError> {
-    crate::mounts::unmount_all(&dir.join("shm"))?;
+pub(crate) fn remove_orphan_dir(rt: &Runtime, dir: &std::path::Path) -> Result<(), HostError> {
+    rt.host.unmount_all(&dir.join("shm"))?;
     crate::state::remove_record_dir(dir)
 }

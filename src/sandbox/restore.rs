@@ -21,7 +21,7 @@ pub(crate) fn restore(rt: &Runtime) -> Result<()> {
             }
             Ok(None) => {
                 tracing::info!(sandbox_id = %id, "removing sandbox dir without a record");
-                if let Err(e) = super::remove::remove_orphan_dir(&path) {
+                if let Err(e) = super::remove::remove_orphan_dir(rt, &path) {
                     tracing::warn!(sandbox_id = %id, error = %e, "cannot remove orphan sandbox dir");
                 }
             }
@@ -76,9 +76,10 @@ fn restore_one(rt: &Runtime, rec: SandboxRecord) {
 /// then recreates the pod), as is one whose network namespace is gone.
 fn reconcile_ready(rt: &Runtime, entry: &SandboxEntry) {
     let rec = lock(&entry.record).clone();
-    let mut healthy = rec.netns.as_ref().is_none_or(|p| crate::netns::is_nsfs(p));
+    let mut healthy = rec.netns.as_ref().is_none_or(|p| rt.host.is_namespace(p));
     if let (Some(infra), Ok(runtime)) = (&rec.infra, rt.handler(&rec.runtime_handler)) {
-        let running = matches!(runtime.state(&infra.id), Ok(Some(s)) if s.status == "running");
+        let state = rt.host.runtime_state(runtime, &infra.id);
+        let running = matches!(state, Ok(Some(s)) if s.status == "running");
         healthy &= running;
     }
     if !healthy {
@@ -99,7 +100,11 @@ fn retry_given_up_network(rt: &Runtime, entry: &SandboxEntry) {
     }) = rt.cni.load_cache(&rec.id)
     {
         attachment.netns = None;
-        if rt.cni.del(&list, &attachment, result.as_ref()).is_ok() {
+        if rt
+            .host
+            .cni_del(&rt.cni, &list, &attachment, result.as_ref())
+            .is_ok()
+        {
             let _ = rt.cni.remove_cache(&rec.id);
             let _ = entry.update(|r| {
                 r.network.gave_up = false;
@@ -137,7 +142,7 @@ fn collect_namespaces(rt: &Runtime) {
                 .is_some_and(|n| n.starts_with(&prefix) && !quarantined.contains(n));
             if ours && !referenced.contains(&p) {
                 tracing::info!(path = %p.display(), "removing unreferenced namespace file");
-                if let Err(err) = crate::netns::remove(&p) {
+                if let Err(err) = rt.host.remove_namespace(&p) {
                     tracing::warn!(path = %p.display(), error = %err, "cannot remove namespace file");
                 }
             }
@@ -161,7 +166,10 @@ fn collect_cni(rt: &Runtime) {
                 result,
             }) => {
                 attachment.netns = None;
-                match rt.cni.del(&list, &attachment, result.as_ref()) {
+                match rt
+                    .host
+                    .cni_del(&rt.cni, &list, &attachment, result.as_ref())
+                {
                     Ok(()) => {
                         let _ = rt.cni.remove_cache(&id);
                     }
@@ -229,7 +237,7 @@ fn collect_runtime_containers(rt: &Runtime) {
                 .root
                 .join("runtime")
                 .join(format!("{}-gc.log", runtime.name));
-            if let Err(err) = runtime.delete(&id, &log) {
+            if let Err(err) = rt.host.runtime_delete(runtime, &id, &log) {
                 tracing::warn!(container_id = %id, error = %err, "cannot delete runtime container");
             }
         }

@@ -200,8 +200,10 @@ fn create(
         hostname: Some(plan.hostname.clone()),
         user: rec.userns.clone().zip(config.user_namespace.clone()),
     };
-    let pinning =
-        crate::netns::pin_in_background(&pin).map_err(|e| Error::step("create namespaces", &id, e));
+    let pinning = rt
+        .host
+        .pin_namespaces(&pin)
+        .map_err(|e| Error::step("create namespaces", &id, e));
     let recorded = entry.update(|_| {});
     if recorded.is_ok() {
         failpoint::hit("run:recorded");
@@ -223,20 +225,21 @@ fn create(
     failpoint::hit("run:netns");
     // Without an infra process nothing else would set them: write them into the pinned
     // namespaces now (an infra's runtime applies them from its spec).
-    if !plan.infra {
-        crate::netns::apply_sysctls(
-            rec.netns.as_deref(),
-            rec.ipcns.as_deref(),
-            rec.utsns.as_deref(),
-            &plan.sysctls,
-        )
-        .map_err(|e| Error::InvalidArgument(format!("linux.sysctls: {e}")))?;
+    if !plan.infra && !plan.sysctls.is_empty() {
+        rt.host
+            .apply_sysctls(
+                rec.netns.as_deref(),
+                rec.ipcns.as_deref(),
+                rec.utsns.as_deref(),
+                &plan.sysctls,
+            )
+            .map_err(|e| Error::InvalidArgument(format!("linux.sysctls: {e}")))?;
     }
 
     if let Some(cache) = &rec.network.cache {
         let result = rt
-            .cni
-            .add(&cache.list, &cache.attachment)
+            .host
+            .cni_add(&rt.cni, &cache.list, &cache.attachment)
             .map_err(|e| Error::step("set up network", &id, e))?;
         // The attachment DEL needs, kept durably on its own at once: even if this record is
         // lost or corrupted later, the addresses can be released.
@@ -244,8 +247,8 @@ fn create(
             result: Some(result.clone()),
             ..cache.clone()
         };
-        rt.cni
-            .save_cache(&id, &kept)
+        rt.host
+            .cni_save_cache(&rt.cni, &id, &kept)
             .map_err(|e| Error::step("keep CNI attachment", &id, e))?;
         entry.note(|r| {
             r.network.ips = crate::cni::result_ips(&result);
@@ -257,7 +260,8 @@ fn create(
     }
 
     if let Some(shm) = &rec.shm {
-        crate::mounts::mount_shm(shm, rt.cfg.shm_size)
+        rt.host
+            .mount_shm(shm, rt.cfg.shm_size)
             .map_err(|e| Error::step("mount shm", &id, e))?;
         failpoint::hit("run:shm");
     }
@@ -290,13 +294,7 @@ fn start_infra(
         (Some(path), Some(map)) => (|| -> Result<std::path::PathBuf, HostError> {
             let owner = map.host_root().unwrap_or_default();
             let at = crate::userns::pod_root_dir(&rt.cfg.root, id, owner)?.join("rootfs");
-            let ns = std::fs::File::open(path).map_err(|e| HostError::io("open", path, e))?;
-            crate::mounts::mount_tree_copy(
-                &rootfs,
-                &at,
-                true,
-                Some(std::os::fd::AsFd::as_fd(&ns)),
-            )?;
+            rt.host.mount_tree_copy(&rootfs, &at, true, Some(path))?;
             Ok(at)
         })()
         .map_err(|e| Error::step("mount idmapped infra rootfs", id, e))?,
@@ -326,8 +324,9 @@ fn start_infra(
     spec::save(&s, &infra_dir.join("config.json"))
         .map_err(|e| Error::step("write infra bundle", id, e))?;
     let files = ContainerFiles::in_dir(&infra_dir, None);
-    let pid = runtime
-        .create(id, &infra_dir, &files)
+    let pid = rt
+        .host
+        .runtime_create(runtime, id, &infra_dir, &files)
         .map_err(|e| Error::step("create infra container", id, e))?;
     entry.note(|r| {
         if let Some(i) = r.infra.as_mut() {
@@ -336,8 +335,8 @@ fn start_infra(
         }
     });
     failpoint::hit("run:infra-created");
-    runtime
-        .start(id, &files.runtime_log)
+    rt.host
+        .runtime_start(runtime, id, &files.runtime_log)
         .map_err(|e| Error::step("start infra container", id, e))?;
     entry.note(|r| {
         if let Some(i) = r.infra.as_mut() {

@@ -104,8 +104,8 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) ->
                 }
                 // Keep what DEL needs beyond the sandbox's life: start-up retries it.
                 if let Some(cache) = &rec.network.cache {
-                    rt.cni
-                        .save_cache(&id, cache)
+                    rt.host
+                        .cni_save_cache(&rt.cni, &id, cache)
                         .map_err(|e| Error::step("keep CNI cache", &id, e))?;
                 }
                 tracing::warn!(sandbox_id = %id, error = %msg, "giving up on CNI DEL after {max} attempts; start-up cleanup will retry it");
@@ -117,7 +117,7 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) ->
     if !rec.stop.netns_closed {
         let mut errors = Vec::new();
         for p in rec.namespace_files() {
-            if let Err(e) = crate::netns::remove(p) {
+            if let Err(e) = rt.host.remove_namespace(p) {
                 errors.push(Error::step("close namespace", &id, e));
             }
         }
@@ -128,7 +128,9 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) ->
 
     if !rec.stop.shm_unmounted {
         if let Some(shm) = &rec.shm {
-            crate::mounts::unmount_all(shm).map_err(|e| Error::step("unmount shm", &id, e))?;
+            rt.host
+                .unmount_all(shm)
+                .map_err(|e| Error::step("unmount shm", &id, e))?;
         }
         entry.note(|r| r.stop.shm_unmounted = true);
         failpoint::hit("stop:shm");
@@ -184,7 +186,7 @@ fn stop_containers(rt: &Runtime, id: &str) -> Result<()> {
 /// CNI DEL with the recorded config and result (or a cache file kept from a given-up
 /// attempt); an empty `CNI_NETNS` if the netns is gone.
 fn teardown_network(rt: &Runtime, rec: &SandboxRecord) -> Result<(), crate::cni::CniError> {
-    let netns = rec.netns.clone().filter(|p| crate::netns::is_nsfs(p));
+    let netns = rec.netns.clone().filter(|p| rt.host.is_namespace(p));
     let cached = rec
         .network
         .cache
@@ -208,7 +210,7 @@ fn teardown_network(rt: &Runtime, rec: &SandboxRecord) -> Result<(), crate::cni:
         }
     };
     att.netns = netns;
-    rt.cni.del(&list, &att, result.as_ref())
+    rt.host.cni_del(&rt.cni, &list, &att, result.as_ref())
 }
 
 /// Stops the infra container with SIGKILL (it holds no state, and a PID-namespace init may
@@ -220,10 +222,10 @@ fn stop_infra(rt: &Runtime, rec: &SandboxRecord, infra: &InfraRecord) -> Result<
     if files.exit().is_some() {
         return Ok(());
     }
-    runtime
-        .kill(&infra.id, "KILL", false, &files.runtime_log)
+    rt.host
+        .runtime_kill(runtime, &infra.id, "KILL", false, &files.runtime_log)
         .map_err(|e| Error::step("stop infra container", &rec.id, e))?;
-    files
-        .wait_exit(infra.pid, Duration::from_secs(10))
+    rt.host
+        .wait_exit(&files, infra.pid, Duration::from_secs(10))
         .map_err(|e| Error::step("stop infra container", &rec.id, e))
 }
