@@ -8,6 +8,7 @@ use std::time::Duration;
 
 mod bench;
 mod cli;
+mod client;
 mod config;
 mod containers;
 mod ids;
@@ -52,8 +53,7 @@ async fn run(cli: Cli) -> Result<(), String> {
     {
         return images::import(file, name.as_deref(), root);
     }
-    let ch =
-        sandboxd::cri::client::connect(&cli.endpoint, Duration::from_secs(cli.timeout)).await?;
+    let ch = client::connect(&cli.endpoint, Duration::from_secs(cli.timeout)).await?;
     let mut c = runtime_client(&ch);
     let json = cli.output == Output::Json;
     match cli.command {
