@@ -10,6 +10,7 @@ pub mod cri;
 pub mod daemon;
 pub mod fake_registry;
 pub mod registry;
+pub mod sandboxctl;
 pub mod spdy;
 
 use std::path::{Path, PathBuf};
