@@ -9,6 +9,7 @@ pub mod chaos;
 pub mod cri;
 pub mod daemon;
 pub mod fake_registry;
+pub mod hostile;
 pub mod pods;
 pub mod registry;
 pub mod sandboxctl;
