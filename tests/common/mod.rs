@@ -14,6 +14,7 @@ pub mod pods;
 pub mod registry;
 pub mod sandboxctl;
 pub mod spdy;
+pub mod streaming;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
