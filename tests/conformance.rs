@@ -387,7 +387,7 @@ fn pulls_deadlines_and_shared_layers() {
     let (d, rt, _c) = daemon(&env);
     let mut images = rt.block_on(async {
         ImageServiceClient::new(
-            sandboxd::cri::client::connect(&d.socket.to_string_lossy(), Duration::from_secs(30))
+            common::daemon::connect(&d.socket.to_string_lossy(), Duration::from_secs(30))
                 .await
                 .unwrap(),
         )

@@ -3,7 +3,6 @@
 //! they run on tokio's blocking pool) and nothing more. What this host cannot do (checkpoint
 //! where CRIU does not work) answers `Unimplemented` with the reason: never a fake success.
 
-pub mod client;
 pub mod codes;
 pub mod container;
 pub mod crictl_json;

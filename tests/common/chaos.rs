@@ -47,7 +47,7 @@ fn pod_config(i: usize, round: usize) -> cri::PodSandboxConfig {
 }
 
 async fn connect(socket: &std::path::Path) -> Option<RuntimeServiceClient<Channel>> {
-    sandboxd::cri::client::connect(&socket.to_string_lossy(), Duration::from_secs(5))
+    super::daemon::connect(&socket.to_string_lossy(), Duration::from_secs(5))
         .await
         .ok()
         .map(RuntimeServiceClient::new)

@@ -139,8 +139,14 @@ impl Daemon {
     }
 }
 
+/// sandboxctl's connector: `unix:///path` (or a bare path), with a per-request timeout. The
+/// library has no CRI client, so the tests compile sandboxctl's (one definition).
+#[path = "../../src/bin/sandboxctl/client.rs"]
+mod sandboxctl_client;
+pub use sandboxctl_client::connect;
+
 pub async fn channel(socket: &Path) -> Channel {
-    sandboxd::cri::client::connect(&socket.to_string_lossy(), Duration::from_secs(60))
+    connect(&socket.to_string_lossy(), Duration::from_secs(60))
         .await
         .unwrap()
 }

@@ -9,8 +9,12 @@ pub mod chaos;
 pub mod cri;
 pub mod daemon;
 pub mod fake_registry;
+pub mod hostile;
+pub mod pods;
 pub mod registry;
+pub mod sandboxctl;
 pub mod spdy;
+pub mod streaming;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

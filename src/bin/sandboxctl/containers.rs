@@ -1,158 +1,78 @@
-//! Container and image commands: `create/start/stop/rm/ps/inspect/logs/exec` over CRI, and
-//! `images` (list, inspect, remove over CRI; `import` into a local store directly, since the
-//! CRI has no import call).
+//! Container commands: `create/start/stop/rm/ps/inspect/logs/exec/stats` over CRI
+//! (`exec -i/-t` and `attach` are in `streams.rs`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::Subcommand;
 use k8s_cri::v1 as cri;
-use k8s_cri::v1::image_service_client::ImageServiceClient;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use tonic::transport::Channel;
 
-use super::{ago, grpc_err, print_list, short};
+use crate::config::{load_container_config, load_pod_config};
+use crate::output::{ago, pretty_verbose, print_list, short};
+use crate::{grpc_err, ids, Runtime};
 
-#[derive(Subcommand, Debug)]
-pub enum ImagesCmd {
-    /// List images.
-    List {
-        #[arg(long, short)]
-        quiet: bool,
-    },
-    /// Import an OCI image layout dir, an oci-archive or a docker-archive tar into the local
-    /// store of a sandboxd state root (run on the node, as root).
-    Import {
-        file: PathBuf,
-        /// Tag for an archive that names no image.
-        #[arg(long)]
-        name: Option<String>,
-        /// The daemon's state root.
-        #[arg(long, default_value = "/var/lib/sandboxd")]
-        root: PathBuf,
-    },
-    /// Image status (verbose).
-    Inspect { image: String },
-    /// Remove images.
-    Rm { images: Vec<String> },
-}
-
-pub fn images_client(ch: &Channel) -> ImageServiceClient<Channel> {
-    ImageServiceClient::new(ch.clone())
-        .max_decoding_message_size(16 << 20)
-        .max_encoding_message_size(16 << 20)
-}
-
-/// `images import` needs no daemon: it writes the store under the state root (the store's
-/// index is locked, so a running daemon sees the image on its next call).
-pub fn import(file: &Path, name: Option<&str>, root: &Path) -> Result<(), String> {
-    let store = sandboxd::image::ImageStore::new(root.join("images")).map_err(|e| e.to_string())?;
-    for img in store.import(file, name).map_err(|e| e.to_string())? {
-        println!(
-            "Imported {} {}",
-            img.id,
-            img.repo_tags.first().map(String::as_str).unwrap_or("")
-        );
-    }
-    Ok(())
-}
-
-pub async fn images(ch: &Channel, cmd: ImagesCmd, json: bool) -> Result<(), String> {
-    let mut c = images_client(ch);
-    match cmd {
-        ImagesCmd::Import { .. } => unreachable!("handled without a connection"),
-        ImagesCmd::List { quiet } => {
-            let images = c
-                .list_images(cri::ListImagesRequest { filter: None })
-                .await
-                .map_err(|s| grpc_err("ListImages", s))?
-                .into_inner()
-                .images;
-            if json {
-                print_list("images", &images);
-            } else if quiet {
-                images.iter().for_each(|i| println!("{}", i.id));
-            } else {
-                println!("{:<50}  {:<13}  SIZE", "IMAGE", "IMAGE ID");
-                for i in images {
-                    let id = i.id.trim_start_matches("sha256:");
-                    let names = if i.repo_tags.is_empty() {
-                        vec!["<none>".to_string()]
-                    } else {
-                        i.repo_tags.clone()
-                    };
-                    for n in names {
-                        println!("{:<50}  {:<13}  {:.1}MB", n, short(id), i.size as f64 / 1e6);
-                    }
-                }
-            }
-        }
-        ImagesCmd::Inspect { image } => {
-            let r = c
-                .image_status(cri::ImageStatusRequest {
-                    image: Some(cri::ImageSpec {
-                        image: image.clone(),
-                        ..Default::default()
-                    }),
-                    verbose: true,
-                })
-                .await
-                .map_err(|s| grpc_err("ImageStatus", s))?
-                .into_inner();
-            if r.image.is_none() {
-                return Err(format!("no such image: {image}"));
-            }
-            println!("{}", pretty_verbose(&r));
-        }
-        ImagesCmd::Rm { images } => {
-            for image in images {
-                c.remove_image(cri::RemoveImageRequest {
-                    image: Some(cri::ImageSpec {
-                        image: image.clone(),
-                        ..Default::default()
-                    }),
-                })
-                .await
-                .map_err(|s| grpc_err("RemoveImage", s))?;
-                println!("Deleted: {image}");
-            }
-        }
-    }
-    Ok(())
-}
-
-/// JSON with the verbose `info` values (JSON documents in strings) shown as JSON.
-pub fn pretty_verbose<T: serde::Serialize>(r: &T) -> String {
-    let mut v = serde_json::to_value(r).unwrap();
-    if let Some(info) = v.get_mut("info").and_then(|i| i.as_object_mut()) {
-        for val in info.values_mut() {
-            if let Some(parsed) = val
-                .as_str()
-                .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
-            {
-                *val = parsed;
-            }
-        }
-    }
-    serde_json::to_string_pretty(&v).unwrap()
-}
-
-/// Resolves a container id prefix against ListContainers; no match passes it on unchanged.
-pub async fn resolve_container(
-    c: &mut RuntimeServiceClient<Channel>,
-    prefix: &str,
-) -> Result<String, String> {
-    let items = c
-        .list_containers(cri::ListContainersRequest { filter: None })
+/// `create POD CONTAINER.json POD.json`, as crictl create.
+pub async fn create(
+    c: &mut Runtime,
+    pod: &str,
+    config: &Path,
+    pod_config: &Path,
+) -> Result<(), String> {
+    let pod = ids::pod(c, pod).await?;
+    let r = c
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: pod,
+            config: Some(load_container_config(config)?),
+            sandbox_config: Some(load_pod_config(pod_config)?),
+        })
         .await
-        .map_err(|s| grpc_err("ListContainers", s))?
-        .into_inner()
-        .containers;
-    super::pick(items.into_iter().map(|c| c.id), prefix, "containers")
+        .map_err(|s| grpc_err("CreateContainer", s))?
+        .into_inner();
+    println!("{}", r.container_id);
+    Ok(())
+}
+
+pub async fn start(c: &mut Runtime, ids: Vec<String>) -> Result<(), String> {
+    for id in ids {
+        let id = ids::container(c, &id).await?;
+        c.start_container(cri::StartContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .map_err(|s| grpc_err("StartContainer", s))?;
+        println!("{id}");
+    }
+    Ok(())
+}
+
+pub async fn stop(c: &mut Runtime, ids: Vec<String>, timeout: i64) -> Result<(), String> {
+    for id in ids {
+        let id = ids::container(c, &id).await?;
+        c.stop_container(cri::StopContainerRequest {
+            container_id: id.clone(),
+            timeout,
+        })
+        .await
+        .map_err(|s| grpc_err("StopContainer", s))?;
+        println!("{id}");
+    }
+    Ok(())
+}
+
+pub async fn remove(c: &mut Runtime, ids: Vec<String>) -> Result<(), String> {
+    for id in ids {
+        let id = ids::container(c, &id).await?;
+        c.remove_container(cri::RemoveContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .map_err(|s| grpc_err("RemoveContainer", s))?;
+        println!("{id}");
+    }
+    Ok(())
 }
 
 pub async fn ps(
-    c: &mut RuntimeServiceClient<Channel>,
+    c: &mut Runtime,
     all: bool,
     pod: Option<String>,
     quiet: bool,
@@ -202,12 +122,95 @@ pub async fn ps(
     Ok(())
 }
 
-/// Prints the container's CRI log (the text of each line), following it with `follow`.
-pub async fn logs(
-    c: &mut RuntimeServiceClient<Channel>,
+pub async fn inspect(c: &mut Runtime, id: &str) -> Result<(), String> {
+    let id = ids::container(c, id).await?;
+    let s = c
+        .container_status(cri::ContainerStatusRequest {
+            container_id: id,
+            verbose: true,
+        })
+        .await
+        .map_err(|s| grpc_err("ContainerStatus", s))?
+        .into_inner();
+    println!("{}", pretty_verbose(&s));
+    Ok(())
+}
+
+/// ExecSync: the command's output as it was, and its exit code as ours.
+pub async fn exec_sync(
+    c: &mut Runtime,
     id: &str,
-    follow: bool,
+    cmd: Vec<String>,
+    timeout: i64,
 ) -> Result<(), String> {
+    let id = ids::container(c, id).await?;
+    let r = c
+        .exec_sync(cri::ExecSyncRequest {
+            container_id: id,
+            cmd,
+            timeout,
+        })
+        .await
+        .map_err(|s| grpc_err("ExecSync", s))?
+        .into_inner();
+    use std::io::Write;
+    let _ = std::io::stdout().write_all(&r.stdout);
+    let _ = std::io::stderr().write_all(&r.stderr);
+    let _ = std::io::stdout().flush();
+    if r.exit_code != 0 {
+        std::process::exit(r.exit_code);
+    }
+    Ok(())
+}
+
+/// `stats`: CPU and memory of running containers (of one pod's, with `pod`).
+pub async fn stats(c: &mut Runtime, pod: Option<String>, json: bool) -> Result<(), String> {
+    let pod = match pod {
+        Some(p) => ids::pod(c, &p).await?,
+        None => String::new(),
+    };
+    let stats = c
+        .list_container_stats(cri::ListContainerStatsRequest {
+            filter: Some(cri::ContainerStatsFilter {
+                pod_sandbox_id: pod,
+                ..Default::default()
+            }),
+        })
+        .await
+        .map_err(|s| grpc_err("ListContainerStats", s))?
+        .into_inner()
+        .stats;
+    if json {
+        print_list("stats", &stats);
+    } else {
+        println!(
+            "{:<13}  {:<20}  {:>14}  {:>12}",
+            "CONTAINER", "NAME", "CPU (s)", "MEM (MiB)"
+        );
+        for s in stats {
+            let a = s.attributes.unwrap_or_default();
+            let cpu = s
+                .cpu
+                .and_then(|c| c.usage_core_nano_seconds)
+                .map_or(0.0, |v| v.value as f64 / 1e9);
+            let mem = s
+                .memory
+                .and_then(|m| m.working_set_bytes)
+                .map_or(0.0, |v| v.value as f64 / 1048576.0);
+            println!(
+                "{:<13}  {:<20}  {:>14.3}  {:>12.1}",
+                short(&a.id),
+                a.metadata.unwrap_or_default().name,
+                cpu,
+                mem
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Prints the container's CRI log (the text of each line), following it with `follow`.
+pub async fn logs(c: &mut Runtime, id: &str, follow: bool) -> Result<(), String> {
     let s = ctr_status(c, id).await?;
     if s.log_path.is_empty() {
         return Err(format!("container {id} has no log file (no log_path)"));
@@ -261,10 +264,7 @@ pub async fn logs(
 }
 
 /// ContainerStatus of `id` (not verbose).
-async fn ctr_status(
-    c: &mut RuntimeServiceClient<Channel>,
-    id: &str,
-) -> Result<cri::ContainerStatus, String> {
+async fn ctr_status(c: &mut Runtime, id: &str) -> Result<cri::ContainerStatus, String> {
     Ok(c.container_status(cri::ContainerStatusRequest {
         container_id: id.to_string(),
         verbose: false,

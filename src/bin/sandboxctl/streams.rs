@@ -1,13 +1,17 @@
 //! Interactive commands over the CRI streaming protocols (SPDY/3.1, which every Kubernetes
-//! streaming server speaks): `exec -i/-t` and `port-forward`.
+//! streaming server speaks): `exec -i/-t`, `attach` and `port-forward`. The CRI call hands out
+//! a streaming URL; the session on it runs on a blocking thread.
 
 use std::io::{IsTerminal, Read, Write};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_cri::v1 as cri;
 use sandboxd::streaming::client::{Event, Session};
 use sandboxd::streaming::exec::terminal_size;
+
+use crate::{grpc_err, ids, Runtime};
 
 /// Remotecommand protocols offered, best first (v5 is WebSocket-only for most servers).
 const PROTOCOLS: &[&str] = &[
@@ -61,8 +65,94 @@ fn copy_out(
     })
 }
 
+/// `exec -i/-t`: an interactive exec session; exits with the command's non-zero code.
+pub async fn exec(
+    c: &mut Runtime,
+    id: &str,
+    cmd: Vec<String>,
+    interactive: bool,
+    tty: bool,
+) -> Result<(), String> {
+    let id = ids::container(c, id).await?;
+    let url = c
+        .exec(cri::ExecRequest {
+            container_id: id,
+            cmd,
+            tty,
+            stdin: interactive,
+            stdout: true,
+            stderr: !tty,
+        })
+        .await
+        .map_err(|s| grpc_err("Exec", s))?
+        .into_inner()
+        .url;
+    run_session(url, interactive, tty).await
+}
+
+/// `attach`: the container's own stdio until it exits (or ^C).
+pub async fn attach(c: &mut Runtime, id: &str, interactive: bool, tty: bool) -> Result<(), String> {
+    let id = ids::container(c, id).await?;
+    let url = c
+        .attach(cri::AttachRequest {
+            container_id: id,
+            stdin: interactive,
+            tty,
+            stdout: true,
+            stderr: !tty,
+        })
+        .await
+        .map_err(|s| grpc_err("Attach", s))?
+        .into_inner()
+        .url;
+    run_session(url, interactive, tty).await
+}
+
+/// `port-forward POD [ADDR:]LOCAL:REMOTE…`: runs until interrupted.
+pub async fn port_forward(c: &mut Runtime, pod: &str, ports: &[String]) -> Result<(), String> {
+    let pod = ids::pod(c, pod).await?;
+    let mut pairs = Vec::new();
+    for p in ports {
+        let (local, remote) = p
+            .rsplit_once(':')
+            .ok_or_else(|| format!("{p:?}: expected [ADDR:]LOCAL:REMOTE"))?;
+        let remote: u16 = remote
+            .parse()
+            .map_err(|_| format!("{p:?}: bad remote port"))?;
+        let local = if local.contains(':') {
+            local.to_string()
+        } else {
+            format!("127.0.0.1:{local}")
+        };
+        pairs.push((local, remote));
+    }
+    let url = c
+        .port_forward(cri::PortForwardRequest {
+            pod_sandbox_id: pod,
+            port: pairs.iter().map(|(_, r)| i32::from(*r)).collect(),
+        })
+        .await
+        .map_err(|s| grpc_err("PortForward", s))?
+        .into_inner()
+        .url;
+    tokio::task::spawn_blocking(move || forward(&url, &pairs))
+        .await
+        .map_err(|e| e.to_string())?
+}
+
+/// Runs an exec or attach session on its streaming URL; exits with the command's non-zero code.
+async fn run_session(url: String, stdin: bool, tty: bool) -> Result<(), String> {
+    let code = tokio::task::spawn_blocking(move || session(&url, stdin, tty))
+        .await
+        .map_err(|e| e.to_string())??;
+    if code != 0 {
+        std::process::exit(code);
+    }
+    Ok(())
+}
+
 /// Runs an exec (or attach) session on `url`; returns the remote command's exit code.
-pub fn exec(url: &str, stdin: bool, tty: bool) -> Result<i32, String> {
+fn session(url: &str, stdin: bool, tty: bool) -> Result<i32, String> {
     let s = Arc::new(Session::connect(url, PROTOCOLS)?);
     let (_, err) = s.open(&[("streamtype", "error")])?;
     let input = if stdin {
@@ -151,7 +241,7 @@ pub fn exec(url: &str, stdin: bool, tty: bool) -> Result<i32, String> {
 
 /// Forwards local TCP ports to ports of the pod until interrupted. `pairs` are
 /// `(local address, remote port)`.
-pub fn port_forward(url: &str, pairs: &[(String, u16)]) -> Result<(), String> {
+fn forward(url: &str, pairs: &[(String, u16)]) -> Result<(), String> {
     let s = Arc::new(Session::connect(url, &["portforward.k8s.io"])?);
     let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut threads = Vec::new();

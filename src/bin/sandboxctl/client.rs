@@ -1,4 +1,6 @@
 //! Connecting a tonic client to a CRI endpoint on a unix socket (ours or any other runtime's).
+//! The integration tests' harness (`tests/common/daemon.rs`) compiles this file too, so it uses
+//! nothing else of sandboxctl.
 
 use std::path::PathBuf;
 use std::time::Duration;

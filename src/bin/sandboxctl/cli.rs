@@ -1,0 +1,211 @@
+//! The command line: global flags, one subcommand per CRI call group (crictl's names), and
+//! `images` with its own subcommands. Parsing only; `main.rs` dispatches.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "sandboxctl",
+    version,
+    about = "CRI v1 client (pods, containers, images) and lifecycle benchmark"
+)]
+pub struct Cli {
+    /// CRI endpoint, `unix:///path/to.sock`.
+    #[arg(
+        long,
+        short = 'r',
+        env = "CONTAINER_RUNTIME_ENDPOINT",
+        default_value = "unix:///run/sandboxd/sandboxd.sock"
+    )]
+    pub endpoint: String,
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 240)]
+    pub timeout: u64,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+    /// A markdown table row (bench only; other commands print tables).
+    Markdown,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Runtime name and versions.
+    Version,
+    /// Runtime status and conditions (verbose).
+    Info,
+    /// Run a pod sandbox from a crictl-style JSON config.
+    Runp {
+        config: PathBuf,
+        /// Runtime handler.
+        #[arg(long)]
+        runtime: Option<String>,
+    },
+    /// Stop pod sandboxes (ids or unique prefixes).
+    Stopp { ids: Vec<String> },
+    /// Remove pod sandboxes (ids or unique prefixes).
+    Rmp { ids: Vec<String> },
+    /// List pod sandboxes.
+    Pods {
+        /// Id prefix.
+        #[arg(long)]
+        id: Option<String>,
+        /// ready or notready.
+        #[arg(long)]
+        state: Option<String>,
+        /// Label selector key=value (repeatable).
+        #[arg(long)]
+        label: Vec<String>,
+        /// Only print ids.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Pod sandbox status (verbose).
+    Inspectp { id: String },
+    /// Create a container in a pod: POD-ID CONTAINER.json POD.json (as crictl create).
+    Create {
+        pod: String,
+        config: PathBuf,
+        pod_config: PathBuf,
+    },
+    /// Start created containers.
+    Start { ids: Vec<String> },
+    /// Stop containers: stop signal, `--timeout` seconds, then SIGKILL.
+    Stop {
+        ids: Vec<String>,
+        #[arg(long, short = 't', default_value_t = 10)]
+        timeout: i64,
+    },
+    /// Remove containers (stopping them first).
+    Rm { ids: Vec<String> },
+    /// List containers (running ones unless --all).
+    Ps {
+        #[arg(long, short)]
+        all: bool,
+        /// Only this pod's (id prefix).
+        #[arg(long, short)]
+        pod: Option<String>,
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Container status (verbose).
+    Inspect { id: String },
+    /// Print a container's log; `-f` follows it until the container exits.
+    Logs {
+        id: String,
+        #[arg(long, short)]
+        follow: bool,
+    },
+    /// Run a command in a running container: ExecSync, or with -i/-t an interactive session
+    /// over the streaming server (SPDY). Exits with the command's exit code.
+    Exec {
+        id: String,
+        /// Seconds before the command is killed (0 = no limit; ExecSync only).
+        #[arg(long, default_value_t = 0)]
+        timeout: i64,
+        /// Pass stdin to the command.
+        #[arg(long, short)]
+        interactive: bool,
+        /// Allocate a terminal.
+        #[arg(long, short)]
+        tty: bool,
+        #[arg(trailing_var_arg = true, required = true)]
+        cmd: Vec<String>,
+    },
+    /// Attach to a running container's own stdio (until it exits or ^C); -i passes stdin,
+    /// -t for a container created with a terminal.
+    Attach {
+        id: String,
+        #[arg(long, short)]
+        interactive: bool,
+        #[arg(long, short)]
+        tty: bool,
+    },
+    /// Forward local ports to a pod: `port-forward POD [ADDR:]LOCAL:REMOTE…` (runs until
+    /// interrupted).
+    PortForward {
+        pod: String,
+        #[arg(required = true)]
+        ports: Vec<String>,
+    },
+    /// CPU and memory of running containers (ListContainerStats).
+    Stats {
+        /// Only this pod's (id or unique prefix).
+        #[arg(long, short)]
+        pod: Option<String>,
+    },
+    /// Pull an image from its registry (PullImage).
+    Pull {
+        image: String,
+        /// Registry credentials `user[:password]`.
+        #[arg(long)]
+        creds: Option<String>,
+        /// A registry (bearer) token.
+        #[arg(long)]
+        registry_token: Option<String>,
+    },
+    /// Images: list (default), import FILE, inspect, rm.
+    Images {
+        #[command(subcommand)]
+        cmd: Option<ImagesCmd>,
+    },
+    /// Drive N pod lifecycles (Run → Status → Stop → Remove) with concurrency C.
+    Bench {
+        #[arg(long, short = 'n', default_value_t = 50)]
+        pods: usize,
+        #[arg(long, short = 'c', default_value_t = 1)]
+        concurrency: usize,
+        /// Share one PID namespace per pod (needs an infra process).
+        #[arg(long)]
+        share_pid: bool,
+        /// Runtime handler.
+        #[arg(long, default_value = "")]
+        runtime: String,
+        /// Netns dir to audit for leaks.
+        #[arg(long, default_value = "/var/run/netns")]
+        netns_dir: PathBuf,
+        /// A label for the table (e.g. the runtime's name).
+        #[arg(long, default_value = "")]
+        label: String,
+        /// Also create, start, stop and remove K containers in every pod.
+        #[arg(long, default_value_t = 0)]
+        containers: usize,
+        /// The image of those containers (must be present: pull or import it first).
+        #[arg(long, default_value = "localhost/sandboxd-bench/busybox:latest")]
+        image: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ImagesCmd {
+    /// List images.
+    List {
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Import an OCI image layout dir, an oci-archive or a docker-archive tar into the local
+    /// store of a sandboxd state root (run on the node, as root).
+    Import {
+        file: PathBuf,
+        /// Tag for an archive that names no image.
+        #[arg(long)]
+        name: Option<String>,
+        /// The daemon's state root.
+        #[arg(long, default_value = "/var/lib/sandboxd")]
+        root: PathBuf,
+    },
+    /// Image status (verbose).
+    Inspect { image: String },
+    /// Remove images.
+    Rm { images: Vec<String> },
+}

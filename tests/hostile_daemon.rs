@@ -1,0 +1,214 @@
+//! The daemon as a process under attack: exec and ExecSync floods and half-open streaming
+//! connections, with its memory and Version latency bounded. (The suite: hostile*.rs.)
+
+mod common;
+
+use std::time::Duration;
+
+use common::hostile::IMAGE;
+use common::*;
+
+/// The daemon under attack, as a process: ExecSync commands producing 1 GiB, exec sessions
+/// streaming to clients that stop reading, and 2000 half-open streaming connections. Each
+/// is bounded (the daemon's memory stays within a fixed bound over its idle size), and
+/// meanwhile Version keeps answering within a second. (Items: exec backpressure, ExecSync
+/// buffering, slowloris.)
+#[test]
+fn the_daemon_stays_bounded_and_responsive_under_attack() {
+    use common::daemon::{client, rt, Daemon};
+    use k8s_cri::v1 as cri;
+    let env = Env::new("hostile-daemon");
+    sandboxd::server::raise_fd_limit();
+    sandboxd::image::ImageStore::new(env.cfg.root.join("images"))
+        .unwrap()
+        .import(&busybox::oci_layout(&env.base, IMAGE), None)
+        .unwrap();
+    let mut cfg = env.cfg.clone();
+    cfg.streaming.header_timeout_secs = 2;
+    let d = Daemon::start_with(&env, &cfg);
+    let tokio = rt();
+    let mut c = tokio.block_on(client(&d.socket));
+    let pod = sandboxd::cri::crictl_json::pod_config(
+        serde_json::json!({"metadata": {"name": "attack", "namespace": "h", "uid": "attack-uid"}})
+            .to_string()
+            .as_bytes(),
+    )
+    .unwrap();
+    let sb = tokio
+        .block_on(c.run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(pod.clone()),
+            runtime_handler: String::new(),
+        }))
+        .unwrap()
+        .into_inner()
+        .pod_sandbox_id;
+    let ctr = sandboxd::cri::crictl_json::container_config(
+        serde_json::json!({"metadata": {"name": "victim"}, "image": {"image": IMAGE},
+            "command": ["sleep", "1000"]})
+        .to_string()
+        .as_bytes(),
+    )
+    .unwrap();
+    let id = tokio
+        .block_on(c.create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: sb.clone(),
+            config: Some(ctr),
+            sandbox_config: Some(pod),
+        }))
+        .unwrap()
+        .into_inner()
+        .container_id;
+    tokio
+        .block_on(c.start_container(cri::StartContainerRequest {
+            container_id: id.clone(),
+        }))
+        .unwrap();
+    // Version's latency, and that it answers at all.
+    let version_ms = |c: &mut k8s_cri::v1::runtime_service_client::RuntimeServiceClient<
+        tonic::transport::Channel,
+    >| {
+        let t = std::time::Instant::now();
+        tokio
+            .block_on(c.version(cri::VersionRequest::default()))
+            .unwrap();
+        t.elapsed().as_millis()
+    };
+    version_ms(&mut c);
+    let idle_kib = d.status_kib("VmRSS");
+    let bound_kib = idle_kib + 128 * 1024;
+
+    // ExecSync of 1 GiB, two at once: the output is capped while it runs.
+    let mut execs = Vec::new();
+    for _ in 0..2 {
+        let mut cc = c.clone();
+        let id = id.clone();
+        execs.push(tokio.spawn(async move {
+            cc.exec_sync(cri::ExecSyncRequest {
+                container_id: id,
+                cmd: vec![
+                    "head".into(),
+                    "-c".into(),
+                    "1073741824".into(),
+                    "/dev/zero".into(),
+                ],
+                timeout: 120,
+            })
+            .await
+            .map(|r| r.into_inner().stdout.len())
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(version_ms(&mut c) < 1000, "Version slow during ExecSync");
+    // Each keeps at most its cap; together they fill the daemon-wide budget (the one that
+    // finishes first frees its share only when it answers), never more than both caps.
+    let got: Vec<usize> = execs
+        .into_iter()
+        .map(|e| tokio.block_on(e).unwrap().unwrap())
+        .collect();
+    let budget = sandboxd::Config::default().exec_sync_output_budget as usize;
+    assert!(
+        got.iter()
+            .all(|n| *n > 0 && *n <= sandboxd::container::MAX_EXEC_OUTPUT),
+        "{got:?}"
+    );
+    assert!(
+        got.iter().sum::<usize>() >= budget,
+        "{got:?} under the {budget} budget"
+    );
+    let hwm = d.status_kib("VmHWM");
+    assert!(
+        hwm < bound_kib,
+        "ExecSync peak {hwm} KiB, idle {idle_kib} KiB: not bounded by the output cap"
+    );
+
+    // Exec sessions to clients that stop reading, and one whose process floods the stderr
+    // its client did not ask for (drained and dropped, not buffered).
+    let mut clients = Vec::new();
+    for i in 0..5 {
+        let cmd = if i < 4 {
+            "cat /dev/zero"
+        } else {
+            "cat /dev/zero >&2"
+        };
+        let url = tokio
+            .block_on(c.exec(cri::ExecRequest {
+                container_id: id.clone(),
+                cmd: vec!["sh".into(), "-c".into(), cmd.into()],
+                tty: false,
+                stdin: false,
+                stdout: true,
+                stderr: false,
+            }))
+            .unwrap()
+            .into_inner()
+            .url;
+        let mut s = common::spdy::Client::connect(&url, &["v4.channel.k8s.io"]).unwrap();
+        s.open(&[("streamtype", "error")]);
+        s.open(&[("streamtype", "stdout")]);
+        clients.push(s); // never read again
+    }
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_secs(1));
+        assert!(
+            version_ms(&mut c) < 1000,
+            "Version slow during the exec flood"
+        );
+    }
+    let rss = d.status_kib("VmRSS");
+    assert!(
+        rss < idle_kib + 64 * 1024,
+        "exec sessions to stalled clients grew the daemon from {idle_kib} to {rss} KiB"
+    );
+    drop(clients);
+
+    // 2000 half-open connections to the streaming server.
+    let url = tokio
+        .block_on(c.exec(cri::ExecRequest {
+            container_id: id.clone(),
+            cmd: vec!["true".into()],
+            tty: false,
+            stdin: false,
+            stdout: true,
+            stderr: false,
+        }))
+        .unwrap()
+        .into_inner()
+        .url;
+    let addr = url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let mut half_open = Vec::new();
+    for _ in 0..2000 {
+        if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
+            let _ = std::io::Write::write_all(&mut s, b"GET /exec/x HTTP/1.1\r\n");
+            half_open.push(s);
+        }
+    }
+    assert!(
+        version_ms(&mut c) < 1000,
+        "Version slow with 2000 half-open connections"
+    );
+    let listed = tokio
+        .block_on(c.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None }))
+        .unwrap()
+        .into_inner()
+        .items
+        .len();
+    assert_eq!(listed, 1);
+    std::thread::sleep(Duration::from_secs(3)); // past the header timeout
+    drop(half_open);
+    // The streaming server serves again.
+    let mut s = common::spdy::Client::connect(&url, &["v4.channel.k8s.io"]).unwrap();
+    let e = s.open(&[("streamtype", "error")]);
+    let o = s.open(&[("streamtype", "stdout")]);
+    s.wait_ended(&[e, o]);
+    assert!(d.status_kib("VmRSS") < bound_kib);
+
+    tokio
+        .block_on(c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sb }))
+        .unwrap();
+    env.assert_no_leaks();
+}

@@ -1,0 +1,347 @@
+//! sandboxctl, the CLI, against a daemon through its socket: pod, container and image
+//! commands with crictl-style JSON files, pulls with credentials, and the interactive commands
+//! (exec -i/-t, attach, port-forward) over the streaming server.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::daemon::Daemon;
+use common::sandboxctl::{sandboxctl, sandboxctl_ok};
+use common::*;
+use k8s_cri::v1 as cri;
+
+/// sandboxctl against the daemon with a crictl-style file: runp, pods, inspectp by prefix,
+/// stopp, rmp.
+#[test]
+fn sandboxctl_drives_the_daemon() {
+    let env = Env::new("e2ectl");
+    let d = Daemon::start(&env);
+    let ep = format!("unix://{}", d.socket.display());
+    let ctl = |args: &[&str]| sandboxctl_ok(&ep, args);
+    let pod = env.base.join("pod.json");
+    std::fs::write(
+        &pod,
+        r#"{"metadata":{"name":"ctl","namespace":"default","uid":"ctl-uid","attempt":1},
+            "log_directory":"/tmp/ctl-logs","hostname":"ctl-host","labels":{"app":"ctl"},
+            "port_mappings":[{"protocol":"TCP","container_port":80,"host_port":0}],
+            "linux":{"security_context":{"namespace_options":{"pid":"CONTAINER","network":0}}}}"#,
+    )
+    .unwrap();
+    let id = ctl(&["runp", pod.to_str().unwrap()]).trim().to_string();
+    assert_eq!(id.len(), 64);
+    let pods: serde_json::Value =
+        serde_json::from_str(&ctl(&["-o", "json", "pods", "--label", "app=ctl"])).unwrap();
+    assert_eq!(pods["items"][0]["id"], serde_json::json!(id));
+    assert!(ctl(&["pods"]).contains("ctl"));
+    let inspect: serde_json::Value = serde_json::from_str(&ctl(&["inspectp", &id[..7]])).unwrap();
+    assert_eq!(
+        inspect["status"]["metadata"]["attempt"],
+        serde_json::json!(1)
+    );
+    assert!(inspect["status"]["network"]["ip"]
+        .as_str()
+        .unwrap()
+        .starts_with(&env.subnet_prefix));
+    assert_eq!(
+        inspect["info"]["info"]["infra_mode"],
+        serde_json::json!("pinned")
+    );
+    assert!(ctl(&["version"]).contains("sandboxd"));
+    assert!(ctl(&["stopp", &id[..9]]).contains(&id));
+    assert!(ctl(&["rmp", &id[..9]]).contains(&id));
+    assert!(ctl(&["pods", "-q"]).trim().is_empty());
+    env.assert_no_leaks();
+}
+
+/// Containers and images through sandboxctl and the daemon: import, create, start, logs,
+/// exec, ps, inspect, stop, rm, rmi (refused while used), with crictl-style JSON files.
+#[test]
+fn sandboxctl_containers_and_images() {
+    let env = Env::new("e2ectr");
+    let d = Daemon::start(&env);
+    let ep = format!("unix://{}", d.socket.display());
+    let ctl_out = |args: &[&str]| sandboxctl(&ep, args).output().unwrap();
+    let ctl = |args: &[&str]| sandboxctl_ok(&ep, args);
+    let archive = busybox::docker_archive(&env.base, "sandboxd.test/busybox:e2e");
+    let root = env.cfg.root.to_string_lossy().into_owned();
+    assert!(ctl(&[
+        "images",
+        "import",
+        "--root",
+        &root,
+        archive.to_str().unwrap()
+    ])
+    .contains("sha256:"));
+    assert!(ctl(&["images"]).contains("sandboxd.test/busybox"));
+
+    let logs = env.base.join("logs");
+    let pod = env.base.join("pod.json");
+    std::fs::write(
+        &pod,
+        format!(
+            r#"{{"metadata":{{"name":"e2e","namespace":"default","uid":"e2e-uid"}},
+                "log_directory":"{}"}}"#,
+            logs.display()
+        ),
+    )
+    .unwrap();
+    let ctr = env.base.join("ctr.json");
+    std::fs::write(
+        &ctr,
+        r#"{"metadata":{"name":"talker"},"image":{"image":"sandboxd.test/busybox:e2e"},
+            "command":["sh","-c","echo hello from $WHO; exec sleep 1000"],
+            "envs":[{"key":"WHO","value":"e2e"}],"log_path":"talker.log",
+            "linux":{"security_context":{"run_as_user":{"value":1234},
+                     "capabilities":{"drop_capabilities":["NET_RAW"]}}}}"#,
+    )
+    .unwrap();
+    let pod_id = ctl(&["runp", pod.to_str().unwrap()]).trim().to_string();
+    let id = ctl(&[
+        "create",
+        &pod_id[..8],
+        ctr.to_str().unwrap(),
+        pod.to_str().unwrap(),
+    ])
+    .trim()
+    .to_string();
+    assert_eq!(id.len(), 64);
+    assert!(ctl(&["ps", "-a"]).contains("CONTAINER_CREATED"));
+    ctl(&["start", &id[..8]]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ctl(&["logs", &id[..8]]).contains("hello from e2e") {
+        assert!(Instant::now() < deadline, "no log output");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(logs.join("talker.log").is_file());
+    assert_eq!(ctl(&["exec", &id[..8], "id", "-u"]), "1234\n");
+    let out = ctl_out(&["exec", &id[..8], "sh", "-c", "exit 4"]);
+    assert_eq!(out.status.code(), Some(4));
+    let ps: serde_json::Value = serde_json::from_str(&ctl(&["-o", "json", "ps"])).unwrap();
+    assert_eq!(ps["containers"][0]["id"], serde_json::json!(id));
+    let inspect: serde_json::Value = serde_json::from_str(&ctl(&["inspect", &id[..8]])).unwrap();
+    assert_eq!(
+        inspect["status"]["state"],
+        serde_json::json!(cri::ContainerState::ContainerRunning as i32)
+    );
+    assert_eq!(
+        inspect["info"]["info"]["sandbox_id"],
+        serde_json::json!(pod_id)
+    );
+    ctl(&[
+        "exec",
+        &id[..8],
+        "sh",
+        "-c",
+        "head -c 100000 /dev/zero > /tmp/blob",
+    ]);
+    let stats: serde_json::Value = serde_json::from_str(&ctl(&["-o", "json", "stats"])).unwrap();
+    // What the container wrote lands in its writable layer.
+    assert!(
+        stats["stats"][0]["writable_layer"]["used_bytes"]["value"]
+            .as_u64()
+            .unwrap()
+            >= 100_000,
+        "{stats}"
+    );
+    assert_eq!(stats["stats"][0]["attributes"]["id"], serde_json::json!(id));
+    assert!(
+        stats["stats"][0]["memory"]["usage_bytes"]["value"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{stats}"
+    );
+    // Removing the image it runs from removes the image; the container keeps its layers
+    // (they go with it).
+    let layers = env.cfg.root.join("images/layers");
+    let before = list_names(&layers);
+    assert!(!before.is_empty());
+    ctl(&["images", "rm", "sandboxd.test/busybox:e2e"]);
+    assert!(!ctl(&["images"]).contains("busybox"));
+    assert_eq!(list_names(&layers), before, "a layer in use was collected");
+    assert!(ctl(&["exec", &id[..8], "true"]).is_empty());
+    ctl(&["stop", "-t", "0", &id[..8]]);
+    let inspect: serde_json::Value = serde_json::from_str(&ctl(&["inspect", &id[..8]])).unwrap();
+    assert_eq!(inspect["status"]["exit_code"], serde_json::json!(137));
+    ctl(&["rm", &id[..8]]);
+    assert!(ctl(&["ps", "-a", "-q"]).trim().is_empty());
+    assert!(
+        list_names(&layers).is_empty(),
+        "layers left after the container went"
+    );
+    ctl(&["rmp", &pod_id[..8]]);
+    env.assert_no_leaks();
+}
+
+/// PullImage through the daemon with credentials, from an htpasswd-protected registry.
+#[test]
+fn sandboxctl_pulls_with_credentials() {
+    let env = Env::new("e2epull");
+    let user = ("kube", "pa55");
+    let reg = common::registry::Registry::start(&env.base.join("registry"), Some(user));
+    reg.push_busybox("app/busybox", "v1", Some(user));
+    let d = Daemon::start(&env);
+    let ep = format!("unix://{}", d.socket.display());
+    let ctl = |args: &[&str]| sandboxctl(&ep, args).output().unwrap();
+    let name = format!("{}/app/busybox:v1", reg.addr);
+    let out = ctl(&["pull", &name]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Unauthenticated"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = ctl(&["pull", "--creds", "kube:pa55", &name]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("sha256:"));
+    let list = String::from_utf8(ctl(&["images"]).stdout).unwrap();
+    assert!(
+        list.contains(&format!("{}/app/busybox", reg.addr)),
+        "{list}"
+    );
+    env.assert_no_leaks();
+}
+
+/// sandboxctl's interactive commands over the streaming server: exec -i with stdin EOF,
+/// exec -it with the remote exit code, and port-forward to a server in the pod.
+#[test]
+fn sandboxctl_exec_interactive_and_port_forward() {
+    use std::io::{BufRead, Read, Write};
+    let env = Env::new("e2estream");
+    let d = Daemon::start(&env);
+    let ep = format!("unix://{}", d.socket.display());
+    let layout = busybox::oci_layout(&env.base, "sandboxd.test/busybox:streams");
+    let root = env.cfg.root.to_string_lossy().into_owned();
+    let ctl_cmd = |args: &[&str]| sandboxctl(&ep, args);
+    let ctl = |args: &[&str]| sandboxctl_ok(&ep, args);
+    let with_stdin = |args: &[&str], input: &[u8]| {
+        let mut child = ctl_cmd(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    ctl(&[
+        "images",
+        "import",
+        "--root",
+        &root,
+        layout.to_str().unwrap(),
+    ]);
+    let pod = env.base.join("pod.json");
+    std::fs::write(
+        &pod,
+        r#"{"metadata":{"name":"streams","namespace":"default","uid":"streams-uid"}}"#,
+    )
+    .unwrap();
+    let ctr = env.base.join("ctr.json");
+    std::fs::write(
+        &ctr,
+        r#"{"metadata":{"name":"srv"},"image":{"image":"sandboxd.test/busybox:streams"},
+            "command":["sh","-c","while :; do echo pong | nc -l -p 8080; done"]}"#,
+    )
+    .unwrap();
+    let pod_id = ctl(&["runp", pod.to_str().unwrap()]).trim().to_string();
+    let id = ctl(&[
+        "create",
+        &pod_id,
+        ctr.to_str().unwrap(),
+        pod.to_str().unwrap(),
+    ])
+    .trim()
+    .to_string();
+    ctl(&["start", &id]);
+
+    let out = with_stdin(&["exec", "-i", &id, "cat"], b"hello stdin\n");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"hello stdin\n");
+    let out = with_stdin(
+        &["exec", "-i", &id, "sh", "-c", "cat; echo oops >&2; exit 5"],
+        b"x",
+    );
+    assert_eq!(out.status.code(), Some(5));
+    assert_eq!(out.stdout, b"x");
+    assert_eq!(out.stderr, b"oops\n");
+    let out = with_stdin(
+        &["exec", "-i", "-t", &id, "sh"],
+        b"echo in-$((6*7))\nexit 4\n",
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("in-42"));
+
+    // Attach to the container's own output: nc's loop prints nothing, so give it a second
+    // container that does, created with stdin.
+    let talker = env.base.join("talker.json");
+    std::fs::write(
+        &talker,
+        r#"{"metadata":{"name":"talker"},"image":{"image":"sandboxd.test/busybox:streams"},
+            "command":["sh","-c","read x; echo heard $x; exit 0"],"stdin":true}"#,
+    )
+    .unwrap();
+    let tid = ctl(&[
+        "create",
+        &pod_id,
+        talker.to_str().unwrap(),
+        pod.to_str().unwrap(),
+    ])
+    .trim()
+    .to_string();
+    ctl(&["start", &tid]);
+    let out = with_stdin(&["attach", "-i", &tid], b"you\n");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "heard you\n");
+
+    let mut pf = ctl_cmd(&["port-forward", &pod_id, "127.0.0.1:0:8080"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(pf.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let local = line
+        .strip_prefix("Forwarding from ")
+        .and_then(|l| l.split(" -> ").next())
+        .unwrap_or_else(|| panic!("{line:?}"))
+        .to_string();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let got = loop {
+        let mut conn = std::net::TcpStream::connect(&local).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        conn.write_all(b"ping\n").unwrap();
+        let mut got = String::new();
+        let _ = conn.read_to_string(&mut got);
+        if got.contains("pong") || Instant::now() > deadline {
+            break got;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(got, "pong\n");
+    let _ = pf.kill();
+    let _ = pf.wait();
+    ctl(&["rmp", &pod_id]);
+    env.assert_no_leaks();
+}
