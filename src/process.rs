@@ -8,13 +8,16 @@
 //! are left behind.
 #![allow(unsafe_code)]
 
-use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use sandboxd_shim_common::fd::set_nonblocking;
+/// The pid files, pidfds and umask the monitor uses too, from the contract they share.
+pub use sandboxd_shim_common::{fd::pidfd_open, files::read_pid, runtime::private_umask};
 
 /// Wall time spent in helper processes, for the benchmark's "own code vs children" split.
 static CHILD_NANOS: AtomicU64 = AtomicU64::new(0);
@@ -162,38 +165,12 @@ pub fn wait_gone(pids: &[i32], limit: Duration) -> Vec<i32> {
     }
 }
 
-/// Makes `cmd` create its files root's alone (umask 077): the OCI runtime's pid files, logs
-/// and state under our state root.
-pub fn private_umask(cmd: &mut Command) {
-    // SAFETY: umask is async-signal-safe and touches no memory of the parent.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::umask(0o077);
-            Ok(())
-        });
-    }
-}
-
 /// A process's exit as a shell reports it: its code, or 128 + the signal that killed it.
 pub fn exit_code(s: &ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     s.code()
         .or_else(|| s.signal().map(|n| 128 + n))
         .unwrap_or(255)
-}
-
-/// The pid in a pid file (decimal, surrounding whitespace ignored), if there is one. The file
-/// is read with a size bound and without following a symlink.
-pub fn read_pid(pid_file: &std::path::Path) -> Option<i32> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(pid_file)
-        .ok()?;
-    let mut buf = [0u8; 32];
-    let n = f.read(&mut buf).ok()?;
-    std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()
 }
 
 /// SIGKILLs the process whose pid a runtime wrote to `pid_file` (an exec'd command: killing
@@ -397,7 +374,7 @@ impl Drop for Sink {
 impl Sink {
     fn new(fd: Option<OwnedFd>, cap: usize, budget: Option<Arc<OutputBudget>>) -> Sink {
         if let Some(f) = &fd {
-            set_nonblocking(f.as_raw_fd());
+            set_nonblocking(f);
         }
         Sink {
             fd,
@@ -441,14 +418,6 @@ impl Sink {
     }
 }
 
-fn set_nonblocking(fd: RawFd) {
-    // SAFETY: fcntl on an fd the caller owns, with integer arguments.
-    unsafe {
-        let fl = libc::fcntl(fd, libc::F_GETFL);
-        libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
-    }
-}
-
 fn owned<T: Into<OwnedFd>>(p: Option<T>) -> Option<OwnedFd> {
     p.map(Into::into)
 }
@@ -475,7 +444,7 @@ fn run_inner(
     let pid = child.id() as i32;
     let mut input = owned(child.stdin.take());
     if let Some(f) = &input {
-        set_nonblocking(f.as_raw_fd());
+        set_nonblocking(f);
     }
     let mut written = 0usize;
     let mut out = Sink::new(
@@ -645,17 +614,6 @@ pub fn wait_until(child: &mut Child, deadline: Instant) -> std::io::Result<Optio
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-}
-
-/// A pidfd for `pid` (Linux ≥ 5.3): readable once the process has exited.
-pub fn pidfd_open(pid: i32) -> Option<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; no memory is shared.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: the syscall returned a fresh fd that nothing else owns.
-    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 #[cfg(test)]
