@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use sandboxd_shim_common::cli::{ExecArgs, MonitorArgs, StdinMode};
 use sandboxd_shim_common::exit::ExitInfo;
-use sandboxd_shim_common::runtime::{last_log_error, RuntimeState};
+use sandboxd_shim_common::runtime::{self, last_log_error, RuntimeState};
 
 use crate::process::{self, RunError};
 
@@ -112,9 +112,8 @@ pub struct OciRuntime {
 
 impl OciRuntime {
     fn base(&self, log: Option<&Path>) -> Command {
-        let mut c = Command::new(&self.path);
+        let mut c = runtime::command(&self.path, &self.args, &self.root);
         process::private_umask(&mut c);
-        c.args(&self.args).arg("--root").arg(&self.root);
         if let Some(log) = log {
             c.arg("--log").arg(log).arg("--log-format").arg("json");
         }

@@ -71,6 +71,14 @@ fn message(v: &serde_json::Value) -> Option<String> {
     v.get("msg").and_then(|m| m.as_str()).map(str::to_string)
 }
 
+/// `RUNTIME [runtime args] --root DIR`, the start of every runtime call: the handler's own
+/// flags come before `--root` and the subcommand.
+pub fn command(runtime: &Path, runtime_args: &[String], root: &Path) -> Command {
+    let mut c = Command::new(runtime);
+    c.args(runtime_args).arg("--root").arg(root);
+    c
+}
+
 /// Makes `cmd` create its files root's alone (umask 077): the runtime's pid files, logs and
 /// state under our state root. (`runtime create`'s umask is left alone: the container's
 /// cgroup directories it makes must stay readable inside.)
@@ -131,6 +139,18 @@ mod tests {
         });
         with_log("", |p| assert_eq!(last_log_message(p), None));
         assert_eq!(last_log_error(Path::new("/nonexistent/log")), None);
+    }
+
+    #[test]
+    fn runtime_command() {
+        let c = command(
+            Path::new("/bin/runsc"),
+            &["--platform=ptrace".into()],
+            Path::new("/run/r"),
+        );
+        assert_eq!(c.get_program(), "/bin/runsc");
+        let args: Vec<_> = c.get_args().collect();
+        assert_eq!(args, ["--platform=ptrace", "--root", "/run/r"]);
     }
 
     #[test]

@@ -8,14 +8,14 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 
 use sandboxd_shim_common::cli::{MonitorArgs, StdinMode};
 use sandboxd_shim_common::fd::{pidfd_open, pipe, set_nonblocking};
 use sandboxd_shim_common::files::{
     format_stdio_fds, read_pid, write_atomic, Durability, STDIO_FDS,
 };
-use sandboxd_shim_common::runtime::last_log_message;
+use sandboxd_shim_common::runtime::{self, last_log_message};
 
 use crate::reaper::{is_our_child, spawn_runtime_wait};
 use crate::terminal::Console;
@@ -61,11 +61,8 @@ pub fn create(args: &MonitorArgs) -> Result<Created, String> {
         .append(true)
         .mode(0o600)
         .open(&args.runtime_log);
-    let mut cmd = Command::new(&args.runtime);
-    cmd.args(&args.runtime_args)
-        .arg("--root")
-        .arg(&args.runtime_root)
-        .arg("--log")
+    let mut cmd = runtime::command(&args.runtime, &args.runtime_args, &args.runtime_root);
+    cmd.arg("--log")
         .arg(&args.runtime_log)
         .arg("--log-format")
         .arg("json")

@@ -3,11 +3,9 @@
 //! subreaper so the exec'd process is reparented to it, reaps it and exits with its status
 //! (128+signal when killed). The daemon waits for it like for any child.
 
-use std::process::Command;
-
 use sandboxd_shim_common::cli::ExecArgs;
 use sandboxd_shim_common::files::read_pid;
-use sandboxd_shim_common::runtime::private_umask;
+use sandboxd_shim_common::runtime::{command, private_umask};
 
 use crate::die;
 use crate::reaper::decode;
@@ -17,14 +15,11 @@ pub fn run(argv: Vec<String>) -> ! {
     let args = ExecArgs::parse(argv).unwrap_or_else(|e| die(&e));
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    let mut c = Command::new(&args.runtime);
+    let mut c = command(&args.runtime, &args.runtime_args, &args.runtime_root);
     // The files an exec makes (its pid file) are created root's alone (0600); the exec'd
     // process gets the umask its container's spec names.
     private_umask(&mut c);
-    c.args(&args.runtime_args)
-        .arg("--root")
-        .arg(&args.runtime_root)
-        .arg("exec")
+    c.arg("exec")
         .arg("--detach")
         .arg("--pid-file")
         .arg(&args.pid_file);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use sandboxd_shim_common::cli::MonitorArgs;
 use sandboxd_shim_common::exit::ExitInfo;
-use sandboxd_shim_common::runtime::{parse_wait, RuntimeState};
+use sandboxd_shim_common::runtime::{self, parse_wait, RuntimeState};
 
 use crate::time::timestamp;
 
@@ -180,11 +180,8 @@ pub fn is_our_child(pid: i32) -> bool {
 
 /// `RUNTIME [runtime args] --root DIR <op> ID`, stdin and stderr on /dev/null.
 fn runtime_op(args: &MonitorArgs, op: &str) -> Command {
-    let mut c = Command::new(&args.runtime);
-    c.args(&args.runtime_args)
-        .arg("--root")
-        .arg(&args.runtime_root)
-        .arg(op)
+    let mut c = runtime::command(&args.runtime, &args.runtime_args, &args.runtime_root);
+    c.arg(op)
         .arg(&args.id)
         .stdin(Stdio::null())
         .stderr(Stdio::null());
