@@ -73,7 +73,8 @@ fn monitor_stdio(
     dir: &std::path::Path,
     monitor: Option<i32>,
 ) -> Option<[Option<std::os::fd::OwnedFd>; 3]> {
-    let text = std::fs::read_to_string(dir.join("stdio-fds")).ok()?;
+    use sandboxd_shim_common::files::{parse_stdio_fds, STDIO_FDS};
+    let text = std::fs::read_to_string(dir.join(STDIO_FDS)).ok()?;
     let monitor = monitor?;
     // That pid is still this container's monitor (not a process that reused the pid): its
     // command line names the container's dir.
@@ -82,13 +83,7 @@ fn monitor_stdio(
     if !cmdline.split(|b| *b == 0).any(|a| a == dir_arg) {
         return None;
     }
-    let fds: Vec<i32> = text
-        .split_whitespace()
-        .filter_map(|n| n.parse().ok())
-        .collect();
-    if fds.len() != 3 {
-        return None;
-    }
+    let fds = parse_stdio_fds(&text)?;
     let open = |fd: i32, write: bool| -> Option<std::os::fd::OwnedFd> {
         if fd < 0 {
             return None;

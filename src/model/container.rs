@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use sandboxd_shim_common::cli::StdinMode;
 use serde::{Deserialize, Serialize};
 
 use super::sandbox::NamespaceMode;
@@ -243,9 +244,9 @@ impl ContainerRecord {
         f.attach_socket = self.attach_socket.clone();
         f.console_socket = self.console_socket.clone();
         f.stdin = match (self.config.stdin, self.config.stdin_once) {
-            (false, _) => "none",
-            (true, false) => "open",
-            (true, true) => "once",
+            (false, _) => StdinMode::None,
+            (true, false) => StdinMode::Open,
+            (true, true) => StdinMode::Once,
         };
         f
     }

@@ -6,4 +6,6 @@ pub mod runsc;
 mod runtime;
 pub mod spec;
 
-pub use runtime::{ContainerFiles, ExitInfo, OciRuntime, RuntimeError, RuntimeState, RuntimeStats};
+pub use runtime::{ContainerFiles, OciRuntime, RuntimeError, RuntimeStats};
+/// The exit file and `runtime state`, as the monitor and the daemon both read them.
+pub use sandboxd_shim_common::{exit::ExitInfo, runtime::RuntimeState};

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
+use sandboxd_shim_common::cli::{ExecArgs, MonitorArgs, StdinMode};
+use sandboxd_shim_common::exit::ExitInfo;
+use sandboxd_shim_common::runtime::{self, last_log_error, RuntimeState};
 
 use crate::process::{self, RunError};
 
@@ -48,8 +50,8 @@ pub struct ContainerFiles {
     pub log_path: Option<PathBuf>,
     /// The monitor's attach socket, if the container gets one.
     pub attach_socket: Option<PathBuf>,
-    /// The container's stdin: `none`, `open` or `once` (see the monitor).
-    pub stdin: &'static str,
+    /// The container's stdin.
+    pub stdin: StdinMode,
     /// Where the runtime hands over the terminal of a container that has one.
     pub console_socket: Option<PathBuf>,
 }
@@ -72,15 +74,14 @@ impl ContainerFiles {
             runtime_log: dir.join("runtime.log"),
             log_path,
             attach_socket: None,
-            stdin: "none",
+            stdin: StdinMode::None,
             console_socket: None,
         }
     }
 
     /// The container's exit as the monitor recorded it, if it has exited.
     pub fn exit(&self) -> Option<ExitInfo> {
-        let data = std::fs::read(&self.exit_file).ok()?;
-        serde_json::from_slice(&data).ok()
+        ExitInfo::parse(&std::fs::read(&self.exit_file).ok()?)
     }
 
     /// The monitor's pid, if recorded.
@@ -89,30 +90,12 @@ impl ContainerFiles {
     }
 }
 
-/// The exit file's content.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-pub struct ExitInfo {
-    pub exit_code: i32,
-    #[serde(default)]
-    pub signal: Option<i32>,
-    #[serde(default)]
-    pub exited_at: String,
-}
-
 /// What `events --stats` says of a container.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RuntimeStats {
     pub cpu_nanos: Option<u64>,
     pub memory_bytes: Option<u64>,
     pub tasks: Option<u64>,
-}
-
-/// `runtime state` output, the fields we use.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-pub struct RuntimeState {
-    pub status: String,
-    #[serde(default)]
-    pub pid: i32,
 }
 
 /// One configured runtime handler.
@@ -129,9 +112,8 @@ pub struct OciRuntime {
 
 impl OciRuntime {
     fn base(&self, log: Option<&Path>) -> Command {
-        let mut c = Command::new(&self.path);
+        let mut c = runtime::command(&self.path, &self.args, &self.root);
         process::private_umask(&mut c);
-        c.args(&self.args).arg("--root").arg(&self.root);
         if let Some(log) = log {
             c.arg("--log").arg(log).arg("--log-format").arg("json");
         }
@@ -217,37 +199,24 @@ impl OciRuntime {
         files: &ContainerFiles,
     ) -> Result<i32, RuntimeError> {
         let mut c = Command::new(&self.monitor);
-        c.arg("--runtime")
-            .arg(&self.path)
-            .arg("--runtime-root")
-            .arg(&self.root);
-        for a in &self.args {
-            c.arg("--runtime-arg").arg(a);
-        }
-        c.arg("--id")
-            .arg(id)
-            .arg("--bundle")
-            .arg(bundle)
-            .arg("--pid-file")
-            .arg(&files.pid_file)
-            .arg("--exit-file")
-            .arg(&files.exit_file)
-            .arg("--runtime-log")
-            .arg(&files.runtime_log)
-            .arg("--monitor-pid-file")
-            .arg(&files.monitor_pid_file);
-        if let Some(l) = &files.log_path {
-            c.arg("--log-path").arg(l);
-        }
-        if let Some(a) = &files.attach_socket {
-            c.arg("--attach-socket").arg(a);
-        }
-        if files.stdin != "none" {
-            c.arg("--stdin").arg(files.stdin);
-        }
-        if let Some(s) = &files.console_socket {
-            c.arg("--console-socket").arg(s);
-        }
+        c.args(
+            MonitorArgs {
+                runtime: self.path.clone(),
+                runtime_args: self.args.clone(),
+                runtime_root: self.root.clone(),
+                id: id.to_string(),
+                bundle: bundle.to_path_buf(),
+                pid_file: files.pid_file.clone(),
+                exit_file: files.exit_file.clone(),
+                runtime_log: files.runtime_log.clone(),
+                monitor_pid_file: files.monitor_pid_file.clone(),
+                log_path: files.log_path.clone(),
+                attach_socket: files.attach_socket.clone(),
+                stdin: files.stdin,
+                console_socket: files.console_socket.clone(),
+            }
+            .to_args(),
+        );
         // Past the time limit: the monitor (it leads its own session and process group, with
         // the runtime and the runtime's children in it) is killed by the pid it wrote first,
         // then whatever the runtime made of the container is force-deleted.
@@ -381,19 +350,19 @@ impl OciRuntime {
         cmd: &[String],
     ) -> Command {
         let mut c = Command::new(&self.monitor);
-        c.arg("exec")
-            .arg("--runtime")
-            .arg(&self.path)
-            .arg("--runtime-root")
-            .arg(&self.root);
-        for a in &self.args {
-            c.arg("--runtime-arg").arg(a);
-        }
-        c.arg("--id").arg(id).arg("--pid-file").arg(pid_file);
-        if let Some(sock) = console {
-            c.arg("--console-socket").arg(sock);
-        }
-        c.arg("--").args(cmd).env_remove("NOTIFY_SOCKET");
+        c.args(
+            ExecArgs {
+                runtime: self.path.clone(),
+                runtime_args: self.args.clone(),
+                runtime_root: self.root.clone(),
+                id: id.to_string(),
+                pid_file: pid_file.to_path_buf(),
+                console_socket: console.map(Path::to_path_buf),
+                cmd: cmd.to_vec(),
+            }
+            .to_args(),
+        )
+        .env_remove("NOTIFY_SOCKET");
         c
     }
 
@@ -478,21 +447,6 @@ fn is_not_running(e: &RuntimeError) -> bool {
         }
         RuntimeError::Run { .. } | RuntimeError::TimedOut { .. } => false,
     }
-}
-
-/// The `msg` of the last error-level line of a json runtime log.
-fn last_log_error(path: &Path) -> Option<String> {
-    let data = std::fs::read_to_string(path).ok()?;
-    data.lines()
-        .rev()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| {
-            matches!(
-                v.get("level").and_then(|l| l.as_str()),
-                Some("error" | "fatal")
-            )
-        })
-        .and_then(|v| v.get("msg").and_then(|m| m.as_str()).map(str::to_string))
 }
 
 fn wait_exit_since(

@@ -1,13 +1,11 @@
 //! Atomic persistence: a record is written as tmp file + fsync + rename + fsync(dir), so a
 //! crash leaves either the old or the new content, never a torn file.
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use sandboxd_shim_common::files::Durability;
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::error::HostError;
@@ -21,13 +19,6 @@ pub fn sync_wait() -> Duration {
     Duration::from_nanos(SYNC_NANOS.load(Ordering::Relaxed))
 }
 
-fn timed_sync<T>(f: impl FnOnce() -> T) -> T {
-    let t = Instant::now();
-    let r = f();
-    SYNC_NANOS.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    r
-}
-
 /// Writes `value` as JSON to `path` atomically.
 pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), HostError> {
     let data = serde_json::to_vec_pretty(value)
@@ -35,36 +26,21 @@ pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), Hos
     write_atomic(path, &data)
 }
 
-/// Writes `data` to `path` atomically (mode 0600).
+/// Writes `data` to `path` atomically (mode 0600): tmp file + fsync + rename, and a fsync of
+/// the dir for a new name. Replacing an existing record needs no directory fsync: after a
+/// crash the name points at either the old complete file or the new complete one, and every
+/// record is written so that its predecessor is a state restore can finish or roll back.
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), HostError> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| HostError::Other(format!("{} has no parent", path.display())))?;
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)
-            .map_err(|e| HostError::io("create", &tmp, e))?;
-        f.write_all(data)
-            .map_err(|e| HostError::io("write", &tmp, e))?;
-        timed_sync(|| f.sync_data()).map_err(|e| HostError::io("fsync", &tmp, e))?;
+    if path.parent().is_none() {
+        return Err(HostError::Other(format!(
+            "{} has no parent",
+            path.display()
+        )));
     }
-    // Replacing an existing record needs no directory fsync: after a crash the name points at
-    // either the old complete file or the new complete one, and every record is written so
-    // that its predecessor is a state restore can finish or roll back. A new name does.
-    let replacing = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file());
-    std::fs::rename(&tmp, path).map_err(|e| HostError::io("rename into", path, e))?;
-    if replacing {
-        return Ok(());
-    }
-    File::open(dir)
-        .and_then(|d| timed_sync(|| d.sync_all()))
-        .map_err(|e| HostError::io("fsync dir", dir, e))
+    let synced = sandboxd_shim_common::files::write_atomic(path, data, Durability::Fsync)
+        .map_err(|e| HostError::io(e.op, e.path, e.source))?;
+    SYNC_NANOS.fetch_add(synced.as_nanos() as u64, Ordering::Relaxed);
+    Ok(())
 }
 
 /// The names in `dir` (none if it cannot be read).

@@ -3,7 +3,7 @@
 //! connection opened inside a pod's network namespace for port forwarding.
 #![allow(unsafe_code)]
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -11,6 +11,9 @@ use bytes::Bytes;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, Semaphore};
+
+use sandboxd_shim_common::attach::{self as frames, CLOSE_STDIN, RESIZE, STDERR, STDIN, STDOUT};
+use sandboxd_shim_common::fd::set_winsize;
 
 use crate::oci::OciRuntime;
 
@@ -119,40 +122,11 @@ pub fn status_json(o: &Outcome) -> Vec<u8> {
     serde_json::to_vec(&v).unwrap_or_default()
 }
 
-/// Receives the pty master the runtime sends over its console socket (SCM_RIGHTS).
+/// Receives the pty master the runtime sends over its console socket (SCM_RIGHTS,
+/// close-on-exec: it must not leak into the processes we spawn later).
 fn recv_fd(stream: &std::os::unix::net::UnixStream) -> std::io::Result<OwnedFd> {
-    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
-    let mut buf = [0u8; 4096];
-    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 1]);
-    let msg = recvmsg::<()>(
-        stream.as_raw_fd(),
-        &mut iov,
-        Some(&mut cmsg),
-        // The pty master must not leak into the processes we spawn later.
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .map_err(std::io::Error::from)?;
-    for c in msg.cmsgs().map_err(std::io::Error::from)? {
-        if let ControlMessageOwned::ScmRights(fds) = c {
-            if let Some(fd) = fds.first() {
-                // SAFETY: the kernel just installed this fd in our table for us; we own it.
-                return Ok(unsafe { OwnedFd::from_raw_fd(*fd) });
-            }
-        }
-    }
-    Err(std::io::Error::other("the runtime sent no terminal fd"))
-}
-
-fn set_winsize(fd: &OwnedFd, s: TermSize) {
-    let ws = libc::winsize {
-        ws_row: s.height,
-        ws_col: s.width,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCSWINSZ reads one winsize struct from the pointer, which outlives the call.
-    unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+    sandboxd_shim_common::fd::recv_fd(stream)?
+        .ok_or_else(|| std::io::Error::other("the runtime sent no terminal fd"))
 }
 
 /// How much of the runtime's stderr is kept for the log when the client has no stderr stream.
@@ -249,7 +223,7 @@ pub async fn exec(
             let m = master.clone();
             inputs.push(tokio::spawn(async move {
                 while let Some(s) = rx.recv().await {
-                    set_winsize(&m, s);
+                    let _ = set_winsize(&*m, s.width, s.height);
                 }
             }));
         }
@@ -380,14 +354,8 @@ pub async fn attach(socket: &Path, mut streams: Streams) -> Outcome {
         Err(e) => return Outcome::Failed(format!("attach socket {}: {e}", socket.display())),
     };
     let (mut r, mut w) = sock.into_split();
-    // Frames to the monitor: stdin data (0), end of stdin (3), terminal size (4).
+    // Frames to the monitor: stdin data, end of stdin, terminal size.
     let (ftx, mut frx) = mpsc::channel::<Vec<u8>>(16);
-    let frame = |kind: u8, data: &[u8]| {
-        let mut f = vec![kind];
-        f.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        f.extend_from_slice(data);
-        f
-    };
     let writer = tokio::spawn(async move {
         while let Some(f) = frx.recv().await {
             if w.write_all(&f).await.is_err() {
@@ -402,20 +370,19 @@ pub async fn attach(socket: &Path, mut streams: Streams) -> Outcome {
         let tx = ftx.clone();
         tasks.push(tokio::spawn(async move {
             while let Some(b) = rx.recv().await {
-                if tx.send(frame(0, &b)).await.is_err() {
+                if tx.send(frames::frame(STDIN, &b)).await.is_err() {
                     return;
                 }
             }
-            let _ = tx.send(frame(3, &[])).await;
+            let _ = tx.send(frames::frame(CLOSE_STDIN, &[])).await;
         }));
     }
     if let Some(mut rx) = streams.resize.take() {
         let tx = ftx.clone();
         tasks.push(tokio::spawn(async move {
             while let Some(s) = rx.recv().await {
-                let mut d = s.width.to_be_bytes().to_vec();
-                d.extend_from_slice(&s.height.to_be_bytes());
-                if tx.send(frame(4, &d)).await.is_err() {
+                let d = frames::resize_payload(s.width, s.height);
+                if tx.send(frames::frame(RESIZE, &d)).await.is_err() {
                     return;
                 }
             }
@@ -424,19 +391,19 @@ pub async fn attach(socket: &Path, mut streams: Streams) -> Outcome {
     drop(ftx);
     let (stdout, stderr) = (streams.stdout.take(), streams.stderr.take());
     let output = async {
-        let mut head = [0u8; 5];
+        let mut head = [0u8; frames::HEADER_LEN];
         loop {
             if r.read_exact(&mut head).await.is_err() {
                 return; // the container exited and the monitor closed the socket
             }
-            let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+            let (kind, len) = frames::parse_header(head);
             let mut data = vec![0u8; len];
             if r.read_exact(&mut data).await.is_err() {
                 return;
             }
-            let tx = match head[0] {
-                1 => stdout.as_ref(),
-                2 => stderr.as_ref(),
+            let tx = match kind {
+                STDOUT => stdout.as_ref(),
+                STDERR => stderr.as_ref(),
                 _ => None,
             };
             if let Some(tx) = tx {

@@ -1,0 +1,76 @@
+//! The exit file: the monitor records the container's exit in it (atomically, once the CRI
+//! log is complete) and the daemon's exit watcher reads it.
+//!
+//! One JSON line: `{"exit_code":N,"signal":S|null,"exited_at":"RFC3339Nano"}`, where a
+//! container killed by signal S has exit_code 128+S.
+
+use serde::{Deserialize, Serialize};
+
+/// The exit file's content.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ExitInfo {
+    pub exit_code: i32,
+    /// The signal that killed the container, if one did.
+    #[serde(default)]
+    pub signal: Option<i32>,
+    /// When it exited, RFC 3339 with nanoseconds in UTC.
+    #[serde(default)]
+    pub exited_at: String,
+}
+
+impl ExitInfo {
+    /// The exit file's bytes.
+    pub fn to_line(&self) -> Vec<u8> {
+        let mut line = serde_json::to_vec(self).expect("plain fields serialise");
+        line.push(b'\n');
+        line
+    }
+
+    /// Reads an exit file's bytes.
+    pub fn parse(data: &[u8]) -> Option<ExitInfo> {
+        serde_json::from_slice(data).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_format() {
+        let e = ExitInfo {
+            exit_code: 137,
+            signal: Some(9),
+            exited_at: "2024-02-29T23:59:59.999999999Z".into(),
+        };
+        assert_eq!(
+            e.to_line(),
+            b"{\"exit_code\":137,\"signal\":9,\"exited_at\":\"2024-02-29T23:59:59.999999999Z\"}\n"
+        );
+        assert_eq!(ExitInfo::parse(&e.to_line()), Some(e));
+        let e = ExitInfo {
+            exit_code: 0,
+            signal: None,
+            exited_at: "1970-01-01T00:00:00.000000000Z".into(),
+        };
+        assert_eq!(
+            e.to_line(),
+            b"{\"exit_code\":0,\"signal\":null,\"exited_at\":\"1970-01-01T00:00:00.000000000Z\"}\n"
+        );
+        assert_eq!(ExitInfo::parse(&e.to_line()), Some(e));
+    }
+
+    #[test]
+    fn optional_fields_and_garbage() {
+        assert_eq!(
+            ExitInfo::parse(b"{\"exit_code\":3}"),
+            Some(ExitInfo {
+                exit_code: 3,
+                signal: None,
+                exited_at: String::new()
+            })
+        );
+        assert_eq!(ExitInfo::parse(b"{\"exit_code\":"), None);
+        assert_eq!(ExitInfo::parse(b""), None);
+    }
+}

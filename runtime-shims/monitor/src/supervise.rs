@@ -1,0 +1,138 @@
+//! The detached monitor: it creates the container, reports to its launcher, then serves the
+//! container until it has exited and its output is drained (one `poll(2)` loop over the
+//! output pipes, the signalfd, the attach socket and its clients), and records the exit.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Duration;
+
+use sandboxd_shim_common::attach::{STDERR, STDOUT};
+use sandboxd_shim_common::cli::MonitorArgs;
+use sandboxd_shim_common::fd::set_nonblocking;
+use sandboxd_shim_common::files::{write_atomic, Durability};
+
+use crate::attach::Attach;
+use crate::create::{create, Created};
+use crate::cri_log::{LogFile, Stream};
+use crate::launch::{detach, Report};
+use crate::reaper::{read_signals, reap_all, signal_fd, Reaper};
+
+/// How long to keep reading output after the container exited (a daemonised grandchild may
+/// hold the pipes open forever).
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
+
+/// The detached monitor. Returns the process exit code.
+pub fn run(args: &MonitorArgs, mut report: Report) -> i32 {
+    // Our pid is on record (our parent wrote it before letting us go): a daemon whose
+    // `runtime create` times out kills us (we lead our own session and process group, the
+    // runtime's too) by it.
+    if let Err(e) = detach() {
+        return report.fail(format!("detach: {e}"));
+    }
+    let sigfd = match signal_fd() {
+        Ok(fd) => fd,
+        Err(e) => return report.fail(format!("signalfd: {e}")),
+    };
+    let log = LogFile::open(args.log_path.clone());
+    let created = match create(args) {
+        Ok(c) => c,
+        Err(msg) => return report.fail(msg),
+    };
+    report.ok(created.pid);
+    serve(args, &sigfd, log, created);
+    reap_all();
+    0
+}
+
+/// Serves the container until it has exited and its output is drained, then records the
+/// exit and closes the attach clients.
+fn serve(args: &MonitorArgs, sigfd: &OwnedFd, mut log: LogFile, c: Created) {
+    let Created {
+        pid,
+        stdout,
+        stderr,
+        mut stdin,
+        master,
+        attach,
+        waiter,
+        mut kept_stdio,
+    } = c;
+    // A terminal is the container's output and, for attach clients, its input.
+    if let Some(m) = &master {
+        set_nonblocking(m);
+        stdin = m.try_clone().ok();
+    }
+    if let Some(w) = &stdin {
+        set_nonblocking(w);
+    }
+    let stdout = match master.as_ref().map(|m| m.try_clone()) {
+        Some(Ok(m)) => m,
+        _ => stdout,
+    };
+    let mut streams = [Stream::new("stdout", stdout), Stream::new("stderr", stderr)];
+    const KINDS: [u8; 2] = [STDOUT, STDERR];
+    let mut attach = Attach::new(attach, stdin, args.stdin);
+    let mut reaper = Reaper::new(pid, waiter);
+    loop {
+        if let Some(e) = reaper.exit() {
+            if streams.iter().all(Stream::is_closed) || e.at.elapsed() >= DRAIN_AFTER_EXIT {
+                break;
+            }
+        }
+        // 0, 1: output, 2: signals, 3: attach listener, 4: container stdin (when input is
+        // pending), 5..: attach clients.
+        let mut pfds: Vec<libc::pollfd> = streams
+            .iter()
+            .map(|s| libc::pollfd {
+                fd: s.poll_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        pfds.push(libc::pollfd {
+            fd: sigfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        attach.poll_fds(&mut pfds);
+        let timeout = reaper.poll_timeout();
+        // SAFETY: pfds is a valid array of pollfd for the duration of the call.
+        let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
+        if r < 0 {
+            continue; // EINTR
+        }
+        for (i, s) in streams.iter_mut().enumerate() {
+            if pfds[i].revents != 0 {
+                s.read_into(&mut log, attach.has_clients());
+                attach.serve(KINDS[i], &s.take_fresh());
+            }
+        }
+        attach.handle(&pfds[3..], master.as_ref());
+        if pfds[2].revents != 0 {
+            for sig in read_signals(sigfd) {
+                match sig {
+                    libc::SIGCHLD => reaper.reap(args),
+                    libc::SIGUSR1 => log.reopen(),
+                    _ => {} // SIGTERM/SIGINT/SIGHUP: the monitor outlives them.
+                }
+            }
+        }
+        // A SIGCHLD can coalesce with one consumed earlier; reap opportunistically.
+        if reaper.exit().is_none() {
+            reaper.reap(args);
+        }
+        // The container is gone: let its pipes reach EOF once the runtime closes its copies.
+        if reaper.exit().is_some() && kept_stdio.is_some() {
+            kept_stdio = None;
+        }
+        reaper.rewait_if_due(args);
+    }
+    for (i, s) in streams.iter_mut().enumerate() {
+        s.finish(&mut log, attach.has_clients());
+        attach.serve(KINDS[i], &s.take_fresh());
+    }
+    // The log is complete: record the exit now, so a stop waiting for it does not also wait
+    // for slow attach clients below.
+    let exit = reaper.into_exit().expect("loop ends only after the exit");
+    let _ = write_atomic(&args.exit_file, &exit.info.to_line(), Durability::Rename);
+    attach.close(args.attach_socket.as_deref());
+}

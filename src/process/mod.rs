@@ -1,0 +1,33 @@
+//! Running helper processes (CNI plugins, the OCI runtime, the monitor, exec'd commands) with
+//! bounds on everything they can cost us: each runs in a process group of its own, is killed
+//! as a whole group past its time limit, and has its stdout and stderr read concurrently into
+//! buffers capped at a size (what is beyond the cap is read and dropped, so the child never
+//! blocks on a full pipe and our memory stays bounded). A grandchild that keeps a pipe open
+//! after the child exited cannot hold the call: output is read only for a short drain period
+//! after the exit. Everything runs on the calling thread with `poll(2)`; no reader threads
+//! are left behind.
+//!
+//! - `run`: one helper call under [`Limits`] ([`run()`], [`run_with`], [`run_with_stdio`]);
+//! - `output`: capped output buffers and the [`OutputBudget`] shared between calls;
+//! - `tree`: liveness (a zombie is not alive), `/proc` stat, killing a process tree;
+//! - `pidfile`: pid files and killing the process one names;
+//! - `stats`: the benchmark's counters of time spent in helpers.
+
+mod output;
+mod pidfile;
+mod run;
+mod stats;
+mod tree;
+
+pub use output::OutputBudget;
+pub use pidfile::{kill_pid_file, read_pid};
+pub use run::{exit_code, run, run_with, run_with_stdio, wait_until, Limits, Output, RunError};
+/// The pidfds and the umask the monitor uses too, from the contract they share.
+pub use sandboxd_shim_common::{fd::pidfd_open, runtime::private_umask};
+pub use stats::{account_wait, child_time};
+pub use tree::{
+    alive, group_members, kill_tree, proc_stat, start_time_nanos, wait_gone, wait_reaped, ProcStat,
+};
+
+#[cfg(test)]
+mod tests;
