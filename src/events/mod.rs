@@ -246,6 +246,71 @@ impl Drop for Subscription {
     }
 }
 
+impl crate::Runtime {
+    /// Subscribes to lifecycle events (GetContainerEvents). `ResourceExhausted` when
+    /// `events_max_subscribers` are connected already.
+    pub fn subscribe_events(&self) -> crate::Result<Subscription> {
+        self.events.subscribe().ok_or_else(|| {
+            crate::Error::ResourceExhausted(format!(
+                "{} event subscribers are connected already (events_max_subscribers)",
+                self.cfg.events_max_subscribers
+            ))
+        })
+    }
+
+    /// Starts learning container exits as the monitors record them (one thread, which ends
+    /// with the runtime), so STOPPED events go out at once. Without it, exits are folded in
+    /// by the next query.
+    pub fn watch_exits(self: &Arc<Self>) -> crate::Result<()> {
+        self.exit_watch
+            .spawn(Arc::downgrade(self), |rt: &crate::Runtime, id| {
+                if let Ok(Some(e)) = rt.find_container(id) {
+                    crate::container::status::refresh(rt, &e);
+                }
+            })
+            .map_err(|e| crate::Error::Config(format!("cannot start the exit watcher: {e}")))
+    }
+
+    /// Publishes a container's transition with its pod's statuses as they are now (nothing
+    /// is built when nobody listens). Call with no record lock held.
+    pub(crate) fn emit(&self, kind: EventKind, id: &str, sandbox_id: &str) {
+        if !self.events.wanted() {
+            return;
+        }
+        let sandbox = self
+            .lookup(sandbox_id)
+            .ok()
+            .flatten()
+            .map(|e| crate::lock(&e.record).status());
+        self.publish(kind, id, sandbox_id, sandbox);
+    }
+
+    /// Publishes a pod's transition (`container_id` is the pod's id, as CRI-O sends it).
+    pub(crate) fn emit_pod(&self, kind: EventKind, status: SandboxStatus) {
+        if !self.events.wanted() {
+            return;
+        }
+        let id = status.id.clone();
+        self.publish(kind, &id, &id, Some(status));
+    }
+
+    fn publish(&self, kind: EventKind, id: &str, sandbox_id: &str, sandbox: Option<SandboxStatus>) {
+        let mut containers: Vec<ContainerRecord> = self
+            .containers_of(sandbox_id)
+            .iter()
+            .map(|e| crate::lock(&e.record).clone())
+            .collect();
+        containers.sort_by_key(|r| (r.created_at, r.id.clone()));
+        self.events.publish(Event {
+            kind,
+            container_id: id.to_string(),
+            created_at: crate::state::now_nanos(),
+            sandbox,
+            containers,
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,7 @@ pub mod reference;
 pub mod registry;
 pub mod store;
 pub mod unpack;
+mod verbs;
 
 pub use pull::{Auth, RegistryConfig};
 pub use store::{ExecConfig, ImageRecord, ImageStore, StoreConfig};

@@ -32,6 +32,31 @@ pub struct ContainerUsage {
 }
 
 impl Runtime {
+    /// The daemon's operation metrics (RPC latencies and errors, pulls).
+    pub fn daemon_metrics(&self) -> std::sync::Arc<prom::DaemonMetrics> {
+        self.metrics.clone()
+    }
+
+    /// Pods and containers by state (CRI state names, lower case), for the metrics.
+    pub fn counts_by_state(&self) -> (prom::StateCounts, prom::StateCounts) {
+        let pods = self.list_pod_sandboxes(&crate::SandboxFilter::default());
+        let ready = pods
+            .iter()
+            .filter(|p| p.state == SandboxState::Ready)
+            .count() as i64;
+        let containers = self.list_containers(&crate::ContainerFilter::default());
+        let n = |s: ContainerState| containers.iter().filter(|c| c.cri_state() == s).count() as i64;
+        (
+            vec![("ready", ready), ("notready", pods.len() as i64 - ready)],
+            vec![
+                ("created", n(ContainerState::Created)),
+                ("running", n(ContainerState::Running)),
+                ("exited", n(ContainerState::Exited)),
+                ("unknown", n(ContainerState::Unknown)),
+            ],
+        )
+    }
+
     /// The use of the pods `filter` matches and of their running containers.
     pub fn pods_usage(&self, filter: &crate::SandboxFilter) -> Vec<PodUsage> {
         // Grouped by pod once: O(pods + containers), not pods × containers.

@@ -1,0 +1,80 @@
+//! The image verbs of [`Runtime`](crate::Runtime): pulls (shared by callers asking for the
+//! same image with the same credentials), removal, and the layers containers still use.
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::{image, lock, Runtime};
+
+impl Runtime {
+    /// The image store.
+    pub fn images(&self) -> &image::ImageStore {
+        &self.images
+    }
+
+    /// PullImage: fetches `image` from its registry (mirrors first) into the store. Callers
+    /// pulling the same reference at the same time share one download.
+    pub fn pull_image(&self, image: &str, auth: &image::Auth) -> Result<image::ImageRecord> {
+        // Only requests for the same image with the same credentials share a download.
+        let key = format!(
+            "{} {}",
+            image::reference::Reference::parse(image)?.full(),
+            auth.share_key()
+        );
+        let cell = lock(&self.pulls).entry(key.clone()).or_default().clone();
+        let out = cell.get_or_init(|| {
+            let started = std::time::Instant::now();
+            let fut = image::pull::pull(&self.images, image, auth, &self.cfg.registries);
+            let r = match tokio::runtime::Handle::try_current() {
+                Ok(h) => h.block_on(fut),
+                Err(_) => tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .map_err(|e| Error::Host(crate::error::HostError::Other(e.to_string())))
+                    .and_then(|rt| rt.block_on(fut)),
+            };
+            self.metrics.observe_pull(
+                r.as_ref()
+                    .ok()
+                    .map(|(_, bytes)| (*bytes, started.elapsed())),
+            );
+            r.map(|(rec, _)| rec)
+        });
+        {
+            let mut pulls = lock(&self.pulls);
+            if pulls.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                pulls.remove(&key);
+            }
+        }
+        match out {
+            Ok(r) => Ok(r.clone()),
+            Err(e) => Err(e.duplicate()),
+        }
+    }
+
+    /// RemoveImage: removes the image with all its tags; its layers stay while containers
+    /// use them and are collected after. An unknown image is success.
+    pub fn remove_image(&self, name: &str) -> Result<()> {
+        let in_use = self.layers_in_use();
+        self.images.remove(name, &in_use)?;
+        Ok(())
+    }
+
+    /// The layers containers use (records made before containers recorded their layers
+    /// count with their image's layers).
+    pub(crate) fn layers_in_use(&self) -> std::collections::HashSet<String> {
+        let entries: Vec<_> = lock(&self.registry).containers.values().cloned().collect();
+        let mut out = std::collections::HashSet::new();
+        for e in entries {
+            let r = lock(&e.record).clone();
+            if r.layers.is_empty() {
+                if let Some(img) = self.images.get(&r.image_id) {
+                    out.extend(img.layers);
+                }
+            }
+            out.extend(r.layers);
+        }
+        out
+    }
+}
