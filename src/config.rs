@@ -34,11 +34,15 @@ pub struct RuntimeHandler {
     pub runtime_args: Vec<String>,
 }
 
-/// The embedded network used when the CNI conf dir holds no valid config.
+/// The embedded network used when the CNI conf dir holds no config file (one holding only
+/// invalid ones is an error, not a fallback).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DefaultNetwork {
+    /// The CNI network's name (the `name` each plugin's config carries).
     pub name: String,
+    /// The Linux bridge pods attach to (the bridge plugin makes it; it is their gateway).
     pub bridge: String,
+    /// The subnet pod addresses come from (CIDR; host-local IPAM under `<root>/cni/networks`).
     pub subnet: String,
     /// Masquerade traffic leaving the pod subnet (what a node needs to reach services).
     pub ip_masq: bool,
@@ -69,16 +73,27 @@ pub struct Config {
     pub utsns_dir: PathBuf,
     /// Where the user namespaces of pods that have their own are pinned.
     pub userns_dir: PathBuf,
+    /// CNI config dir: the first valid `.conf`, `.conflist` or `.json` file by name is the
+    /// pod network; no such file at all: `default_network`.
     pub cni_conf_dir: PathBuf,
+    /// Dirs searched in order for CNI plugin binaries (also the plugins' `CNI_PATH`).
     pub cni_bin_dirs: Vec<PathBuf>,
+    /// Limit for one CNI plugin call (ADD or DEL), which is killed past it; seconds in the
+    /// config file.
     #[serde(with = "secs")]
     pub cni_plugin_timeout: Duration,
+    /// The embedded bridge network used when `cni_conf_dir` holds no config file.
     pub default_network: DefaultNetwork,
     /// A failed CNI DEL is retried by later StopPodSandbox calls; after this many failed
     /// attempts the network is recorded as stopped with a warning (0 = never give up).
     pub cni_del_max_attempts: u32,
+    /// The handler of pods whose `runtime_handler` is empty; must be a key of `runtimes`.
     pub default_runtime: String,
+    /// Runtime handlers by name (CRI `runtime_handler`, a RuntimeClass's `handler`); by
+    /// default runc, plus crun and runsc when found in PATH.
     pub runtimes: BTreeMap<String, RuntimeHandler>,
+    /// Limit for one OCI runtime call (create, start, kill, delete…), which is killed past
+    /// it; seconds in the config file.
     #[serde(with = "secs")]
     pub runtime_timeout: Duration,
     /// Bytes of ExecSync output all calls running at once may keep (each call up to 16 MiB):
@@ -94,12 +109,15 @@ pub struct Config {
     /// The static pause binary (`sandboxd-pause`); default: `$SANDBOXD_PAUSE`, else next to the
     /// running executable, else in PATH.
     pub pause_path: Option<PathBuf>,
+    /// When a pod gets an infra (pause) process.
     pub infra: InfraPolicy,
     /// Size of each pod's /dev/shm tmpfs in bytes.
     pub shm_size: u64,
     /// cgroup parent for infra containers when the pod config names none.
     pub cgroup_parent: String,
-    /// Grace period for SIGTERM before SIGKILL when StopPodSandbox stops containers.
+    /// Grace after the stop signal before SIGKILL for containers StopPodSandbox finds still
+    /// running; 0 (the default): SIGKILL at once, as `api.proto` asks ("forcibly terminated")
+    /// and containerd does — kubelet has stopped them gracefully before.
     #[serde(with = "secs")]
     pub stop_grace: Duration,
     /// Per-registry pull settings (mirrors, plain HTTP), keyed by registry host[:port].
@@ -176,7 +194,7 @@ impl Default for Config {
             infra: InfraPolicy::Auto,
             shm_size: 64 * 1024 * 1024,
             cgroup_parent: "/sandboxd".into(),
-            stop_grace: Duration::from_secs(10),
+            stop_grace: Duration::ZERO,
             registries: BTreeMap::new(),
             images: Default::default(),
             streaming: Default::default(),

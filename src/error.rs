@@ -7,24 +7,34 @@ use std::path::PathBuf;
 /// Errors of the lower layers that touch the host (mounts, namespaces, processes, files).
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
+    /// A `std::io` call on `path` failed.
     #[error("{op} {path}: {source}")]
     Io {
+        /// The operation, as a verb (`open`, `create`, `write`…).
         op: &'static str,
+        /// The file or dir it acted on.
         path: PathBuf,
+        /// The OS error.
         #[source]
         source: std::io::Error,
     },
+    /// A system call (through `nix`) on `path` failed.
     #[error("{op} {path}: {errno}")]
     Sys {
+        /// The operation, as a verb (`unmount`, `enter netns`, `signal monitor`…).
         op: &'static str,
+        /// What it acted on (empty when no path applies).
         path: PathBuf,
+        /// The errno it returned.
         errno: nix::errno::Errno,
     },
+    /// Any other failure, as a message.
     #[error("{0}")]
     Other(String),
 }
 
 impl HostError {
+    /// An [`HostError::Io`]: `op` on `path` failed with `source`.
     pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         HostError::Io {
             op,
@@ -32,6 +42,7 @@ impl HostError {
             source,
         }
     }
+    /// A [`HostError::Sys`]: `op` on `path` failed with `errno`.
     pub fn sys(op: &'static str, path: impl Into<PathBuf>, errno: nix::errno::Errno) -> Self {
         HostError::Sys {
             op,
@@ -49,13 +60,30 @@ pub enum Error {
     InvalidArgument(String),
     /// A name is held by another sandbox or container.
     #[error("name {name:?} is reserved for {holder}")]
-    NameReserved { name: String, holder: String },
+    NameReserved {
+        /// The name asked for: `k8s_POD_…` for a pod sandbox, `k8s_<container>_…` for a
+        /// container.
+        name: String,
+        /// The id of the sandbox or container holding it (a description instead if no
+        /// registered record holds it).
+        holder: String,
+    },
     /// No such sandbox or container (only status/lookup report this).
     #[error("{kind} {id:?} not found")]
-    NotFound { kind: &'static str, id: String },
+    NotFound {
+        /// What was looked up: `sandbox`, `container` or `image`.
+        kind: &'static str,
+        /// The id, id prefix or image reference that matched nothing.
+        id: String,
+    },
     /// An id prefix matches several objects.
     #[error("id prefix {prefix:?} is ambiguous: it matches {count} objects")]
-    Ambiguous { prefix: String, count: usize },
+    Ambiguous {
+        /// The prefix given, lowercased.
+        prefix: String,
+        /// How many ids it matches.
+        count: usize,
+    },
     /// The object is not in a state that allows the request (e.g. a container in a pod that
     /// is not ready, exec in a container that is not running). Nothing was changed.
     #[error("{0}")]
@@ -81,19 +109,24 @@ pub enum Error {
     /// A lifecycle step failed; `step` names it, `id` names the sandbox or container.
     #[error("failed to {step} for {id}: {source}")]
     Step {
+        /// The step, as a verb phrase (`tear down network`, `mount rootfs`…).
         step: &'static str,
+        /// What it was for: a sandbox or container id (an image reference for pulls).
         id: String,
+        /// Why it failed (the lower layer's error).
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// Several best-effort teardown steps failed; all of them are listed.
     #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
     Many(Vec<Error>),
+    /// A host operation failed (gRPC `Internal`, or `ResourceExhausted` when out of space).
     #[error(transparent)]
     Host(#[from] HostError),
 }
 
 impl Error {
+    /// An [`Error::Step`]: `step` failed for `id` because of `source`.
     pub fn step(
         step: &'static str,
         id: &str,
@@ -210,6 +243,7 @@ impl Error {
     }
 }
 
+/// The library's result type, with [`Error`] as the default error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[cfg(test)]

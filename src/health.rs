@@ -7,6 +7,8 @@ use crate::Runtime;
 /// One runtime handler and the features it has here.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HandlerStatus {
+    /// The handler's name, a key of [`Config::runtimes`](crate::Config::runtimes); the
+    /// default handler is listed once more under the empty name.
     pub name: String,
     /// Recursively read-only mounts are made by the daemon itself (open_tree +
     /// mount_setattr), so every handler has them where the kernel does.

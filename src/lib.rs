@@ -3,33 +3,56 @@
 //! persistent network namespaces, CNI, a pod shm and (only when needed) an infra process
 //! run by an OCI runtime under a per-container monitor.
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
-pub mod cgroups;
-pub mod cni;
+// The embedder's API: the runtime, its configuration and errors, the request and record
+// types, the image store, lifecycle events, the streaming server, and the CRI layer with the
+// daemon's socket server (what `sandboxd` itself is built from).
 pub mod config;
-pub mod container;
 pub mod cri;
 pub mod error;
 pub mod events;
-pub mod failpoint;
 pub mod health;
-mod host;
 pub mod image;
-pub mod lsm;
-pub mod metrics;
 pub mod model;
-pub mod mounts;
-pub mod netdev;
-pub mod netns;
-pub mod oci;
-pub mod process;
-pub mod sandbox;
 pub mod server;
-pub mod state;
 pub mod streaming;
+
+// Internals: public only for this crate's integration tests, benchmarks and fuzz targets —
+// not an API, hidden from the docs, free to change.
+#[doc(hidden)]
+pub mod cgroups;
+#[doc(hidden)]
+pub mod cni;
+#[doc(hidden)]
+pub mod container;
+#[doc(hidden)]
+pub mod failpoint;
+mod host;
+#[doc(hidden)]
+pub mod lsm;
+#[doc(hidden)]
+pub mod metrics;
+#[doc(hidden)]
+pub mod mounts;
+#[doc(hidden)]
+pub mod netdev;
+#[doc(hidden)]
+pub mod netns;
+#[doc(hidden)]
+pub mod oci;
+#[doc(hidden)]
+pub mod process;
+#[doc(hidden)]
+pub mod sandbox;
+#[doc(hidden)]
+pub mod state;
+#[doc(hidden)]
 pub mod sysctl;
+#[doc(hidden)]
 pub mod untrusted_fs;
 mod userns;
+#[doc(hidden)]
 pub mod validate;
 
 use std::collections::HashMap;
@@ -237,6 +260,7 @@ impl Runtime {
         })
     }
 
+    /// The configuration the runtime was opened with.
     pub fn config(&self) -> &Config {
         &self.cfg
     }

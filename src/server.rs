@@ -22,6 +22,7 @@ pub const MAX_MESSAGE: usize = 16 * 1024 * 1024;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct DaemonConfig {
+    /// The CRI unix socket to serve on (default [`DEFAULT_SOCKET`]).
     pub socket: PathBuf,
     /// tracing filter, e.g. `info` or `sandboxd=debug`.
     pub log_level: String,
@@ -30,6 +31,7 @@ pub struct DaemonConfig {
     /// Where to serve the daemon's own metrics (Prometheus text format, `GET /metrics`),
     /// e.g. `127.0.0.1:9090`; unset (the default): not served.
     pub metrics_address: Option<std::net::SocketAddr>,
+    /// The core runtime's settings, as top-level keys of the same file.
     #[serde(flatten)]
     pub runtime: Config,
 }
@@ -74,6 +76,7 @@ impl DaemonConfig {
         Ok(cfg)
     }
 
+    /// The config as TOML: every key with its value (unset optional keys left out).
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
     }

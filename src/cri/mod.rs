@@ -3,14 +3,20 @@
 //! they run on tokio's blocking pool) and nothing more. What this host cannot do (checkpoint
 //! where CRIU does not work) answers `Unimplemented` with the reason: never a fake success.
 
+#[doc(hidden)]
 pub mod codes;
+#[doc(hidden)]
 pub mod container;
 pub mod crictl_json;
+#[doc(hidden)]
 pub mod events;
 mod health;
+#[doc(hidden)]
 pub mod image;
 mod image_service;
+#[doc(hidden)]
 pub mod metrics;
+#[doc(hidden)]
 pub mod pod;
 mod runtime_service;
 
@@ -66,6 +72,8 @@ pub struct CriService {
 }
 
 impl CriService {
+    /// Both services over `rt`, without a streaming server: Exec, Attach and PortForward
+    /// answer `Unimplemented` until [`with_streaming`](Self::with_streaming).
     pub fn new(rt: Arc<Runtime>) -> Self {
         CriService {
             rt,

@@ -14,6 +14,7 @@
 //! Exits are learned without polling: [`watch::ExitWatcher`] has inotify watch each
 //! container's dir for the monitor's exit file.
 
+#[doc(hidden)]
 pub mod watch;
 
 use std::collections::VecDeque;
@@ -25,15 +26,20 @@ use crate::{lock, ContainerRecord, SandboxStatus};
 /// Which transition an event reports (CRI's `ContainerEventType`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventKind {
+    /// A container was created, or a pod sandbox was run (followed by `Started`).
     Created,
+    /// A container started, or a pod sandbox became ready.
     Started,
+    /// A container exited or failed to start, or a pod sandbox was stopped.
     Stopped,
+    /// A container or pod sandbox was removed.
     Deleted,
 }
 
 /// One transition, with the pod's state right after it.
 #[derive(Debug, Clone)]
 pub struct Event {
+    /// Which transition (CRI `container_event_type`).
     pub kind: EventKind,
     /// The container's id, or the pod's for a pod event.
     pub container_id: String,
@@ -49,7 +55,10 @@ pub struct Event {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ended {
     /// The subscriber fell `backlog` events behind and was cut off.
-    FellBehind { backlog: usize },
+    FellBehind {
+        /// The queue limit it overran (`events_backlog`).
+        backlog: usize,
+    },
     /// The runtime is going away.
     Closed,
 }

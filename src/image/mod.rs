@@ -2,11 +2,17 @@
 //! (`unpack.rs`), imports from archives and layouts (`archive.rs`), and pulls (`pull.rs`)
 //! through a bounded registry client (`registry.rs`).
 
+#[doc(hidden)]
 pub mod archive;
+#[doc(hidden)]
 pub mod pull;
+#[doc(hidden)]
 pub mod reference;
+#[doc(hidden)]
 pub mod registry;
+#[doc(hidden)]
 pub mod store;
+#[doc(hidden)]
 pub mod unpack;
 mod verbs;
 

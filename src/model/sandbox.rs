@@ -12,10 +12,15 @@ use crate::cni::PortMapping;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum NamespaceMode {
+    /// The pod's own (CRI `POD`); for PID, one shared by the pod's containers (in a pod
+    /// without a shared one, a container's `Pod` means its own).
     #[default]
     Pod,
+    /// The container's own (CRI `CONTAINER`; PID only).
     Container,
+    /// The node's (CRI `NODE`).
     Node,
+    /// Another container's, named by `target_id` (CRI `TARGET`; a container's PID only).
     Target,
 }
 
@@ -23,8 +28,12 @@ pub enum NamespaceMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(default)]
 pub struct NamespaceOptions {
+    /// `Pod`: a network namespace of its own, set up by CNI; `Node`: host network.
     pub network: NamespaceMode,
+    /// `Pod`: one PID namespace shared by its containers (needs an infra process);
+    /// `Container`: each container its own; `Node`: the host's.
     pub pid: NamespaceMode,
+    /// `Pod`: an IPC namespace and /dev/shm of its own; `Node`: the host's.
     pub ipc: NamespaceMode,
 }
 
@@ -32,8 +41,11 @@ pub struct NamespaceOptions {
 /// `container_id` inside map to ids from `host_id` outside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdMapping {
+    /// First id of the range inside the namespace (must be 0).
     pub container_id: u32,
+    /// The host id `container_id` maps to (never 0: the node's root is refused).
     pub host_id: u32,
+    /// Number of ids in the range (at least 1).
     pub length: u32,
 }
 
@@ -41,7 +53,9 @@ pub struct IdMapping {
 /// or an idmapped mount's (CRI `Mount.uid_mappings`/`gid_mappings`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct IdMap {
+    /// The uid ranges (`/proc/PID/uid_map`); exactly one is supported.
     pub uids: Vec<IdMapping>,
+    /// The gid ranges (`/proc/PID/gid_map`); exactly one is supported.
     pub gids: Vec<IdMapping>,
 }
 
@@ -68,9 +82,13 @@ impl IdMap {
 /// CRI `PodSandboxMetadata`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct PodSandboxMetadata {
+    /// The pod's name (CRI `metadata.name`).
     pub name: String,
+    /// The pod's Kubernetes namespace (CRI `metadata.namespace`).
     pub namespace: String,
+    /// The pod's UID (CRI `metadata.uid`).
     pub uid: String,
+    /// Creation attempt: kubelet increments it each time it re-creates the pod's sandbox.
     #[serde(default)]
     pub attempt: u32,
 }
@@ -79,8 +97,11 @@ pub struct PodSandboxMetadata {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(default)]
 pub struct DnsConfig {
+    /// Name server IP addresses (`nameserver` lines).
     pub servers: Vec<String>,
+    /// Search domains (the `search` line; at most 32).
     pub searches: Vec<String>,
+    /// Resolver options such as `ndots:5` (the `options` line).
     pub options: Vec<String>,
 }
 
@@ -88,13 +109,24 @@ pub struct DnsConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(default)]
 pub struct PodSandboxConfig {
+    /// CRI `metadata`: name, namespace, UID and attempt, which make the reserved name.
     pub metadata: PodSandboxMetadata,
+    /// CRI `hostname` (the UTS hostname and /etc/hostname); empty: the pod name, cut to 63
+    /// characters.
     pub hostname: String,
+    /// CRI `log_directory`: the absolute dir containers' `log_path` is relative to; empty:
+    /// no container gets a log file.
     pub log_directory: String,
+    /// CRI `dns_config`, written as the pod's resolv.conf; `None` or all empty: a copy of
+    /// the node's /etc/resolv.conf.
     pub dns: Option<DnsConfig>,
+    /// CRI `port_mappings`, given to CNI as the `portMappings` capability.
     pub port_mappings: Vec<PortMapping>,
+    /// CRI `labels`, which ListPodSandbox's label selector matches.
     pub labels: BTreeMap<String, String>,
+    /// CRI `annotations`: kept and reported, not interpreted.
     pub annotations: BTreeMap<String, String>,
+    /// CRI `linux.security_context.namespace_options`.
     pub namespace_options: NamespaceOptions,
     /// CRI runtime handler; empty = the default handler.
     pub runtime_handler: String,
@@ -142,12 +174,15 @@ impl PodSandboxConfig {
             self.hostname.clone()
         }
     }
+    /// Whether the pod uses the node's network namespace (`network: NODE`).
     pub fn host_network(&self) -> bool {
         self.namespace_options.network == NamespaceMode::Node
     }
+    /// Whether the pod uses the node's IPC namespace and /dev/shm (`ipc: NODE`).
     pub fn host_ipc(&self) -> bool {
         self.namespace_options.ipc == NamespaceMode::Node
     }
+    /// Whether the pod uses the node's PID namespace (`pid: NODE`).
     pub fn host_pid(&self) -> bool {
         self.namespace_options.pid == NamespaceMode::Node
     }
@@ -157,8 +192,13 @@ impl PodSandboxConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SandboxState {
+    /// RunPodSandbox is under way, or a crash cut it short (restore rolls it back); CRI
+    /// `SANDBOX_NOTREADY`.
     Creating,
+    /// Everything is set up (CRI `SANDBOX_READY`).
     Ready,
+    /// Stopped, lost its infra process or netns, or a rollback that did not finish (CRI
+    /// `SANDBOX_NOTREADY`).
     NotReady,
 }
 
@@ -178,10 +218,14 @@ pub enum InfraMode {
 pub struct NetworkRecord {
     /// ADD was (about to be) called: teardown must call DEL.
     pub setup_started: bool,
+    /// The pod's IPs from CNI ADD's result, without prefix length (the first is CRI's `ip`,
+    /// the others `additional_ips`); empty with host network.
     pub ips: Vec<String>,
     /// DEL succeeded (or was given up on).
     pub stopped: bool,
+    /// Failed DEL attempts so far (given up at `cni_del_max_attempts`).
     pub del_failures: u32,
+    /// The last failed DEL's error; cleared when a DEL succeeds.
     pub last_del_error: Option<String>,
     /// DEL was given up on after too many failures; start-up cleanup retries it.
     pub gave_up: bool,
@@ -194,10 +238,15 @@ pub struct NetworkRecord {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct InfraRecord {
+    /// Its id in the OCI runtime (the sandbox's own id).
     pub id: String,
+    /// Host pid of the infra (pause) process; 0 until the runtime's `create` returned.
     pub pid: i32,
+    /// The runtime's `create` succeeded.
     pub created: bool,
+    /// The runtime's `start` succeeded.
     pub started: bool,
+    /// StopPodSandbox saw it exit (killing it if needed); the runtime deletes it on remove.
     pub stopped: bool,
 }
 
@@ -205,39 +254,59 @@ pub struct InfraRecord {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct StopRecord {
+    /// Every container of the pod is stopped.
     pub containers_stopped: bool,
+    /// Every pinned namespace file (network, IPC, UTS, user) is removed.
     pub netns_closed: bool,
+    /// The pod's /dev/shm tmpfs is unmounted (or it had none).
     pub shm_unmounted: bool,
 }
 
 /// Everything persisted about one sandbox (`<root>/sandboxes/<id>/state.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SandboxRecord {
+    /// The sandbox's 64-hex id (random, 256 bits).
     pub id: String,
+    /// The name it reserves: `k8s_POD_<name>_<namespace>_<uid>_<attempt>`.
     pub name: String,
+    /// The RunPodSandbox request as given (a retry with an equal config gets this id).
     pub config: PodSandboxConfig,
+    /// Its lifecycle state; a `Creating` record found at start-up is rolled back.
     pub state: SandboxState,
     /// Unix time in nanoseconds.
     pub created_at: i64,
+    /// The handler the pod runs under, resolved (the default handler's name if the request
+    /// named none).
     pub runtime_handler: String,
+    /// Whether an infra process or pinned files hold the pod's namespaces.
     pub infra_mode: InfraMode,
+    /// The sandbox's dir, `<root>/sandboxes/<id>`: the record, hosts, resolv.conf and
+    /// hostname files, the shm mount point and the infra bundle.
     pub dir: PathBuf,
     /// Resource paths are recorded before the resource is created.
     pub netns: Option<PathBuf>,
+    /// The pinned IPC namespace; only without an infra process and without host IPC.
     pub ipcns: Option<PathBuf>,
+    /// The pinned UTS namespace; only without an infra process and without host network.
     pub utsns: Option<PathBuf>,
     /// The pod's user namespace, which owns its network, IPC and UTS namespaces.
     #[serde(default)]
     pub userns: Option<PathBuf>,
+    /// The pod's /dev/shm tmpfs (`<dir>/shm`, `shm_size` bytes); `None` with host IPC.
     pub shm: Option<PathBuf>,
+    /// What CNI did for the pod.
     pub network: NetworkRecord,
+    /// The infra container; `None` when the pod has none ([`InfraMode::Pinned`]).
     pub infra: Option<InfraRecord>,
+    /// Which StopPodSandbox steps have completed.
     pub stop: StopRecord,
     /// The pod's cgroup, parent of the infra's and every container's cgroup: the config's
     /// `cgroup_parent`, or one made for the pod under the configured parent (`own_pod_cgroup`,
     /// removed with the sandbox).
     #[serde(default)]
     pub pod_cgroup: String,
+    /// `pod_cgroup` was made for this pod (and is removed with it), not given as the
+    /// config's `cgroup_parent`.
     #[serde(default)]
     pub own_pod_cgroup: bool,
 }
@@ -245,23 +314,41 @@ pub struct SandboxRecord {
 /// What PodSandboxStatus reports.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SandboxStatus {
+    /// The sandbox's 64-hex id.
     pub id: String,
+    /// CRI `metadata` as RunPodSandbox gave it.
     pub metadata: PodSandboxMetadata,
+    /// The lifecycle state (`Creating` reads as not ready in CRI).
     pub state: SandboxState,
+    /// When RunPodSandbox recorded it, in nanoseconds since the Unix epoch.
     pub created_at: i64,
+    /// The pod's IPs, primary first (CRI `network.ip` and `additional_ips`); empty with
+    /// host network.
     pub ips: Vec<String>,
+    /// The pinned network namespace file; `None` with host network.
     pub netns_path: Option<PathBuf>,
+    /// CRI `namespace_options` as RunPodSandbox gave them.
     pub namespace_options: NamespaceOptions,
+    /// CRI `labels` as RunPodSandbox gave them.
     pub labels: BTreeMap<String, String>,
+    /// CRI `annotations` as RunPodSandbox gave them.
     pub annotations: BTreeMap<String, String>,
+    /// The handler the pod runs under (the default handler's name if the request named
+    /// none).
     pub runtime_handler: String,
+    /// Whether an infra process or pinned files hold the pod's namespaces.
     pub infra_mode: InfraMode,
+    /// Host pid of the infra process while it runs; `None` without one, before it started
+    /// and once stopped.
     pub infra_pid: Option<i32>,
+    /// The last failed CNI DEL's error; `None` once a DEL succeeded, or if none failed.
     pub network_error: Option<String>,
+    /// The pod's own user namespace maps; `None`: the node's user namespace.
     pub user_namespace: Option<IdMap>,
 }
 
 impl SandboxRecord {
+    /// What PodSandboxStatus reports of this record.
     pub fn status(&self) -> SandboxStatus {
         SandboxStatus {
             id: self.id.clone(),
@@ -292,10 +379,12 @@ impl SandboxRecord {
             .flatten()
     }
 
+    /// Where the record is persisted: `<dir>/state.json`.
     pub fn state_file(&self) -> PathBuf {
         crate::state::Record::state_file(self)
     }
 
+    /// The infra container's bundle and monitor files: `<dir>/infra`.
     pub fn infra_dir(&self) -> PathBuf {
         self.dir.join("infra")
     }
@@ -316,12 +405,16 @@ impl SandboxRecord {
 /// ListPodSandbox filter; empty fields match everything.
 #[derive(Debug, Clone, Default)]
 pub struct SandboxFilter {
+    /// Sandboxes whose id starts with this lowercase hex prefix.
     pub id_prefix: Option<String>,
+    /// Sandboxes in this state.
     pub state: Option<SandboxState>,
+    /// Sandboxes carrying every one of these labels (key and value).
     pub labels: BTreeMap<String, String>,
 }
 
 impl SandboxFilter {
+    /// Whether `r` passes every set field.
     pub fn matches(&self, r: &SandboxRecord) -> bool {
         self.id_prefix
             .as_ref()

@@ -3,10 +3,14 @@
 //! crictl, sandboxctl) upgrades that request to SPDY/3.1 (`spdy.rs`) or WebSocket (`ws.rs`)
 //! and the session runs the exec'd process or the port forward (`exec.rs`).
 
+#[doc(hidden)]
 pub mod client;
+#[doc(hidden)]
 pub mod exec;
 mod listener;
+#[doc(hidden)]
 pub mod spdy;
+#[doc(hidden)]
 pub mod ws;
 
 pub use listener::fd_limit;
@@ -54,6 +58,7 @@ pub struct StreamingConfig {
     pub token_ttl_secs: u64,
     /// Serve HTTPS with this PEM certificate chain and key (both or neither).
     pub tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of `tls_cert_file`.
     pub tls_key_file: Option<PathBuf>,
 }
 
@@ -77,24 +82,37 @@ impl Default for StreamingConfig {
 /// What an issued URL is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
+    /// CRI `Exec`: run `cmd` in a running container.
     Exec {
+        /// The container's id or unique prefix (the full id once the URL is issued).
         container_id: String,
+        /// The command's argv (not empty), run with the runtime's `exec`.
         cmd: Vec<String>,
+        /// Run it on a terminal (then `stderr` must be false: the terminal merges it).
         tty: bool,
+        /// Stream the client's input to its stdin.
         stdin: bool,
+        /// Stream its stdout to the client.
         stdout: bool,
+        /// Stream its stderr to the client (at least one of the three streams is needed).
         stderr: bool,
     },
     /// Attach to the container's own stdio (through its monitor).
     Attach {
+        /// The container's id or unique prefix (the full id once the URL is issued).
         container_id: String,
         /// Must match whether the container has a terminal.
         tty: bool,
+        /// Write to its stdin (it must have been created with `stdin`).
         stdin: bool,
+        /// Stream its stdout to the client.
         stdout: bool,
+        /// Stream its stderr to the client (not with `tty`; one of the three streams is needed).
         stderr: bool,
     },
+    /// CRI `PortForward`: TCP connections to ports in a ready pod's network namespace.
     PortForward {
+        /// The pod sandbox's id or unique prefix (the full id once the URL is issued).
         sandbox_id: String,
         /// Ports from the CRI request (WebSocket clients get exactly these).
         ports: Vec<u16>,
@@ -268,6 +286,7 @@ struct Pending {
 pub struct StreamingServer {
     rt: Arc<Runtime>,
     cfg: StreamingConfig,
+    /// The address it listens on (with the port chosen when `address` asked for port 0).
     pub addr: SocketAddr,
     scheme: &'static str,
     tokens: Mutex<HashMap<String, Pending>>,
@@ -438,10 +457,12 @@ impl StreamingServer {
         ok.then_some(p.target)
     }
 
+    /// How long a session may pass with no traffic (`idle_timeout_secs`, at least 1 s).
     pub fn idle_timeout(&self) -> Duration {
         Duration::from_secs(self.cfg.idle_timeout_secs.max(1))
     }
 
+    /// How long a client may stop reading (`write_timeout_secs`, at least 1 s).
     pub fn write_timeout(&self) -> Duration {
         Duration::from_secs(self.cfg.write_timeout_secs.max(1))
     }
