@@ -179,6 +179,17 @@ impl Detail {
     }
 }
 
+impl From<Usage> for Detail {
+    fn from(u: Usage) -> Detail {
+        Detail {
+            cpu_nanos: u.cpu_nanos,
+            memory_bytes: u.memory_bytes,
+            working_set_bytes: u.working_set_bytes,
+            ..Default::default()
+        }
+    }
+}
+
 /// The most cgroup dirs [`detail`] walks to count processes (a pod holds a few).
 const MAX_WALK: usize = 1024;
 

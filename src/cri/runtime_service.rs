@@ -174,7 +174,11 @@ impl RuntimeService for CriService {
         let stats = match filter {
             Some(filter) => {
                 self.blocking("ListPodSandboxStats", "", move |rt| {
-                    Ok(rt.pods_usage(&filter).iter().map(pod::pod_stats).collect())
+                    Ok(rt
+                        .pods_usage(&filter, crate::metrics::Depth::Stats)
+                        .iter()
+                        .map(pod::pod_stats)
+                        .collect())
                 })
                 .await?
             }
@@ -517,7 +521,11 @@ impl RuntimeService for CriService {
                     state: Some(crate::SandboxState::Ready),
                     ..Default::default()
                 };
-                Ok(rt.pods_usage(&ready).iter().map(metrics::pod).collect())
+                Ok(rt
+                    .pods_usage(&ready, crate::metrics::Depth::Metrics)
+                    .iter()
+                    .map(metrics::pod)
+                    .collect())
             })
             .await?;
         Ok(Response::new(cri::ListPodSandboxMetricsResponse {

@@ -31,6 +31,15 @@ pub struct ContainerUsage {
     pub writable_inodes: u64,
 }
 
+/// How much of a container's cgroup to read: what CRI stats report (CPU and memory use: a
+/// few small files — ListContainerStats at a thousand containers stays cheap), or everything
+/// cAdvisor's metrics report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Depth {
+    Stats,
+    Metrics,
+}
+
 impl Runtime {
     /// The daemon's operation metrics (RPC latencies and errors, pulls).
     pub fn daemon_metrics(&self) -> std::sync::Arc<prom::DaemonMetrics> {
@@ -58,7 +67,7 @@ impl Runtime {
     }
 
     /// The use of the pods `filter` matches and of their running containers.
-    pub fn pods_usage(&self, filter: &crate::SandboxFilter) -> Vec<PodUsage> {
+    pub fn pods_usage(&self, filter: &crate::SandboxFilter, depth: Depth) -> Vec<PodUsage> {
         // Grouped by pod once: O(pods + containers), not pods × containers.
         let mut running: std::collections::HashMap<String, Vec<ContainerRecord>> =
             Default::default();
@@ -73,7 +82,7 @@ impl Runtime {
             .filter_map(|s| self.sandbox_record(&s.id).ok())
             .map(|sb| {
                 let mine = running.remove(&sb.id).unwrap_or_default();
-                self.usage_of(sb, mine)
+                self.usage_of(sb, mine, depth)
             })
             .collect()
     }
@@ -86,29 +95,36 @@ impl Runtime {
             state: Some(ContainerState::Running),
             ..Default::default()
         });
-        Ok(self.usage_of(sb, running))
+        Ok(self.usage_of(sb, running, Depth::Stats))
     }
 
     /// The use of the containers `filter` matches.
     pub fn containers_usage(&self, filter: &crate::ContainerFilter) -> Vec<ContainerUsage> {
         self.list_containers(filter)
             .into_iter()
-            .map(|r| self.usage_of_container(r))
+            .map(|r| self.usage_of_container(r, Depth::Stats))
             .collect()
     }
 
     /// One container's use; `NotFound` for an unknown id.
     pub fn container_usage_detail(&self, id: &str) -> crate::Result<ContainerUsage> {
-        Ok(self.usage_of_container(self.container_record(id)?))
+        Ok(self.usage_of_container(self.container_record(id)?, Depth::Stats))
     }
 
     /// A container's use: its cgroup, or — when its cgroup holds no process although it
     /// runs (a sandboxed runtime keeps every container in its sandbox's cgroup) — what the
     /// runtime measures (`events --stats`).
-    fn usage_of_container(&self, record: ContainerRecord) -> ContainerUsage {
+    fn usage_of_container(&self, record: ContainerRecord, depth: Depth) -> ContainerUsage {
         let (bytes, inodes) = crate::state::disk_usage(&record.upper_dir());
-        let mut cgroup = crate::cgroups::detail(&record.cgroup);
-        let empty = matches!(cgroup.processes, None | Some(0));
+        let mut cgroup = match depth {
+            Depth::Metrics => crate::cgroups::detail(&record.cgroup),
+            Depth::Stats => crate::cgroups::usage(&record.cgroup).into(),
+        };
+        let empty = match depth {
+            Depth::Metrics => matches!(cgroup.processes, None | Some(0)),
+            // A running container's own cgroup always holds some memory.
+            Depth::Stats => matches!(cgroup.memory_bytes, None | Some(0)),
+        };
         if empty && record.state == ContainerState::Running {
             let stats = self
                 .handler(&record.runtime_handler)
@@ -131,7 +147,7 @@ impl Runtime {
     }
 
     /// `sb`'s use, with its running containers'.
-    fn usage_of(&self, sb: SandboxRecord, running: Vec<ContainerRecord>) -> PodUsage {
+    fn usage_of(&self, sb: SandboxRecord, running: Vec<ContainerRecord>, depth: Depth) -> PodUsage {
         let interfaces = match (&sb.netns, sb.state) {
             (Some(ns), SandboxState::Ready) => crate::netdev::read(ns).unwrap_or_else(|e| {
                 tracing::debug!(sandbox_id = %sb.id, error = %e, "cannot read the pod's interface counters");
@@ -141,7 +157,7 @@ impl Runtime {
         };
         let containers = running
             .into_iter()
-            .map(|c| self.usage_of_container(c))
+            .map(|c| self.usage_of_container(c, depth))
             .collect();
         PodUsage {
             cgroup: crate::cgroups::detail(&sb.pod_cgroup(self.config())),
