@@ -159,6 +159,11 @@ pub enum Cmd {
         #[command(subcommand)]
         cmd: Option<ImagesCmd>,
     },
+    /// The node-scale benchmark: many pods kept up, latencies and memory as they grow.
+    Scale {
+        #[command(subcommand)]
+        cmd: ScaleCmd,
+    },
     /// Drive N pod lifecycles (Run → Status → Stop → Remove) with concurrency C.
     Bench {
         #[arg(long, short = 'n', default_value_t = 50)]
@@ -183,6 +188,50 @@ pub enum Cmd {
         /// The image of those containers (must be present: pull or import it first).
         #[arg(long, default_value = "localhost/sandboxd-bench/busybox:latest")]
         image: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ScaleCmd {
+    /// Bring up N pods with one container each, C at a time; at each point print a markdown
+    /// row: bring-up rate, RPC latencies, memory per pod.
+    Up {
+        #[arg(long, short = 'n', default_value_t = 100)]
+        pods: usize,
+        #[arg(long, short = 'c', default_value_t = 8)]
+        concurrency: usize,
+        /// Pod counts at which to measure (comma-separated; N is always one).
+        #[arg(long, value_delimiter = ',', default_value = "10,100,250,500")]
+        points: Vec<usize>,
+        /// Calls timed per RPC at each point (half for ListContainerStats).
+        #[arg(long, default_value_t = 50)]
+        samples: usize,
+        #[arg(long, default_value = "localhost/sandboxd-bench/busybox:latest")]
+        image: String,
+        /// Runtime handler.
+        #[arg(long, default_value = "")]
+        runtime: String,
+        /// The run's name: its pods carry it as a label (scale down removes them by it).
+        #[arg(long)]
+        run: String,
+        /// A label for the rows (e.g. the runtime's name).
+        #[arg(long, default_value = "")]
+        label: String,
+        /// The daemon's pid, for its memory.
+        #[arg(long)]
+        daemon_pid: Option<u32>,
+        /// Command names of the per-pod processes to count (e.g. sandboxd-monitor).
+        #[arg(long, value_delimiter = ',')]
+        procs: Vec<String>,
+    },
+    /// Stop and remove every pod of a run, C at a time; print `LABEL PODS PODS/S SECONDS`.
+    Down {
+        #[arg(long)]
+        run: String,
+        #[arg(long, short = 'c', default_value_t = 8)]
+        concurrency: usize,
+        #[arg(long, default_value = "")]
+        label: String,
     },
 }
 

@@ -16,13 +16,14 @@ mod images;
 mod info;
 mod output;
 mod pods;
+mod scale;
 mod streams;
 
 use clap::Parser;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;
 
-use cli::{Cli, Cmd, ImagesCmd, Output};
+use cli::{Cli, Cmd, ImagesCmd, Output, ScaleCmd};
 
 /// The RuntimeService client every command uses.
 type Runtime = RuntimeServiceClient<Channel>;
@@ -114,6 +115,46 @@ async fn run(cli: Cli) -> Result<(), String> {
         Cmd::Images { cmd } => {
             images::images(&ch, cmd.unwrap_or(ImagesCmd::List { quiet: false }), json).await
         }
+        Cmd::Scale {
+            cmd:
+                ScaleCmd::Up {
+                    pods,
+                    concurrency,
+                    points,
+                    samples,
+                    image,
+                    runtime,
+                    run,
+                    label,
+                    daemon_pid,
+                    procs,
+                },
+        } => {
+            scale::up(
+                ch,
+                scale::Up {
+                    pods,
+                    concurrency,
+                    points,
+                    samples: samples.max(1),
+                    image,
+                    runtime,
+                    run,
+                    label,
+                    daemon_pid,
+                    procs,
+                },
+            )
+            .await
+        }
+        Cmd::Scale {
+            cmd:
+                ScaleCmd::Down {
+                    run,
+                    concurrency,
+                    label,
+                },
+        } => scale::down(ch, &run, concurrency, &label).await,
         Cmd::Bench {
             pods,
             concurrency,

@@ -1,0 +1,370 @@
+//! The node-scale benchmark (`sandboxctl scale up|down`): pods with one container each
+//! brought up C at a time, and at each of several pod counts the latency of what kubelet asks
+//! all the time (ListPodSandbox, ListContainers, PodSandboxStatus, ListContainerStats) and
+//! what every pod costs in memory (the daemon's growth plus the per-pod processes: RSS, PSS,
+//! USS from `/proc/PID/smaps_rollup`); then the teardown rate. Markdown rows for
+//! `scripts/bench-peers scale`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use k8s_cri::v1 as cri;
+use tonic::transport::Channel;
+
+use crate::{grpc_err, runtime_client, Runtime};
+
+/// The label every pod of a run carries (its value: the run's name).
+const LABEL: &str = "sandboxctl-scale";
+
+/// What `scale up` does.
+pub struct Up {
+    pub pods: usize,
+    pub concurrency: usize,
+    /// Pod counts at which latencies and memory are measured (the last is `pods`).
+    pub points: Vec<usize>,
+    pub samples: usize,
+    pub image: String,
+    pub runtime: String,
+    pub run: String,
+    pub label: String,
+    /// The daemon's pid, and the command names of its per-pod processes (monitor; shim, pause).
+    pub daemon_pid: Option<u32>,
+    pub procs: Vec<String>,
+}
+
+/// Memory of a set of processes, KiB.
+#[derive(Clone, Copy, Default)]
+struct Mem {
+    rss: u64,
+    pss: u64,
+    uss: u64,
+    count: u64,
+}
+
+impl std::ops::AddAssign for Mem {
+    fn add_assign(&mut self, o: Mem) {
+        self.rss += o.rss;
+        self.pss += o.pss;
+        self.uss += o.uss;
+        self.count += o.count;
+    }
+}
+
+fn smaps(pid: u32) -> Mem {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Mem {
+        rss: field("Rss:"),
+        pss: field("Pss:"),
+        uss: field("Private_Clean:") + field("Private_Dirty:"),
+        count: 1,
+    }
+}
+
+/// (the daemon's memory, the per-pod processes' memory).
+fn memory(daemon: Option<u32>, procs: &[String]) -> (Mem, Mem) {
+    let d = daemon.map(smaps).unwrap_or_default();
+    let mut p = Mem::default();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        // The kernel keeps 15 bytes of a command name.
+        if procs.iter().any(|n| comm.trim() == &n[..n.len().min(15)]) {
+            p += smaps(pid);
+        }
+    }
+    (d, p)
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((p / 100.0) * (v.len() - 1) as f64).round() as usize]
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+fn labels(run: &str) -> HashMap<String, String> {
+    HashMap::from([(LABEL.to_string(), run.to_string())])
+}
+
+/// One pod with one `sleep` container, started; its (run, create, start) latencies.
+async fn one(c: &mut Runtime, u: &Up, i: usize) -> Result<(f64, f64, f64), String> {
+    let config = cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: format!("scale-{}-{i}", u.run),
+            namespace: "scale".into(),
+            uid: format!("{}-{i}", u.run),
+            attempt: 0,
+        }),
+        labels: labels(&u.run),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    pid: cri::NamespaceMode::Container as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let t = Instant::now();
+    let pod = c
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: u.runtime.clone(),
+        })
+        .await
+        .map_err(|s| grpc_err("RunPodSandbox", s))?
+        .into_inner()
+        .pod_sandbox_id;
+    let run = ms(t);
+    let t = Instant::now();
+    let id = c
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: pod,
+            config: Some(cri::ContainerConfig {
+                metadata: Some(cri::ContainerMetadata {
+                    name: "c".into(),
+                    attempt: 0,
+                }),
+                image: Some(cri::ImageSpec {
+                    image: u.image.clone(),
+                    ..Default::default()
+                }),
+                command: vec!["sleep".into(), "36000".into()],
+                labels: labels(&u.run),
+                ..Default::default()
+            }),
+            sandbox_config: Some(config),
+        })
+        .await
+        .map_err(|s| grpc_err("CreateContainer", s))?
+        .into_inner()
+        .container_id;
+    let create = ms(t);
+    let t = Instant::now();
+    c.start_container(cri::StartContainerRequest { container_id: id })
+        .await
+        .map_err(|s| grpc_err("StartContainer", s))?;
+    Ok((run, create, ms(t)))
+}
+
+/// Runs `f(i)` for `from..to` with `conc` workers; every error is kept.
+async fn parallel<F, Fut, T>(
+    ch: &Channel,
+    from: usize,
+    to: usize,
+    conc: usize,
+    f: F,
+) -> (Vec<T>, Vec<String>)
+where
+    F: Fn(Runtime, usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<T, String>> + Send,
+    T: Send + 'static,
+{
+    let next = Arc::new(AtomicUsize::new(from));
+    let out = Arc::new(Mutex::new((Vec::new(), Vec::new())));
+    let f = Arc::new(f);
+    let mut tasks = Vec::new();
+    for _ in 0..conc.max(1) {
+        let (ch, next, out, f) = (ch.clone(), next.clone(), out.clone(), f.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= to {
+                    return;
+                }
+                let r = f(runtime_client(&ch), i).await;
+                let mut o = out.lock().unwrap();
+                match r {
+                    Ok(v) => o.0.push(v),
+                    Err(e) => o.1.push(e),
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let mut o = out.lock().unwrap();
+    (std::mem::take(&mut o.0), std::mem::take(&mut o.1))
+}
+
+/// `samples` timings of the call `f` makes, as `p50/p99` ms.
+async fn timed<F, Fut>(samples: usize, mut f: F) -> Result<String, String>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let mut v = Vec::with_capacity(samples);
+    for i in 0..samples {
+        let t = Instant::now();
+        f(i).await?;
+        v.push(ms(t));
+    }
+    Ok(format!("{:.1}/{:.1}", pct(&mut v, 50.0), pct(&mut v, 99.0)))
+}
+
+/// `scale up`: one markdown row per point.
+pub async fn up(ch: Channel, u: Up) -> Result<(), String> {
+    let u = Arc::new(u);
+    let (d0, p0) = memory(u.daemon_pid, &u.procs);
+    let mut points = u.points.clone();
+    points.retain(|p| *p > 0 && *p < u.pods);
+    points.push(u.pods);
+    let mut done = 0;
+    for point in points {
+        let t = Instant::now();
+        let uu = u.clone();
+        let (lat, errors) = parallel(&ch, done, point, u.concurrency, move |mut c, i| {
+            let uu = uu.clone();
+            async move { one(&mut c, &uu, i).await }
+        })
+        .await;
+        let rate = (point - done) as f64 / t.elapsed().as_secs_f64();
+        if let Some(e) = errors.first() {
+            return Err(format!(
+                "{} pods failed to come up; first: {e}",
+                errors.len()
+            ));
+        }
+        done = point;
+        let (mut run, mut create, mut start): (Vec<f64>, Vec<f64>, Vec<f64>) = (
+            lat.iter().map(|l| l.0).collect(),
+            lat.iter().map(|l| l.1).collect(),
+            lat.iter().map(|l| l.2).collect(),
+        );
+        let mut c = runtime_client(&ch);
+        let ids: Vec<String> = c
+            .list_pod_sandbox(cri::ListPodSandboxRequest {
+                filter: Some(cri::PodSandboxFilter {
+                    label_selector: labels(&u.run),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .map_err(|s| grpc_err("ListPodSandbox", s))?
+            .into_inner()
+            .items
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
+        let pods = timed(u.samples, |_| {
+            let mut c = c.clone();
+            async move {
+                c.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+                    .await
+                    .map(drop)
+                    .map_err(|s| grpc_err("ListPodSandbox", s))
+            }
+        })
+        .await?;
+        let ps = timed(u.samples, |_| {
+            let mut c = c.clone();
+            async move {
+                c.list_containers(cri::ListContainersRequest { filter: None })
+                    .await
+                    .map(drop)
+                    .map_err(|s| grpc_err("ListContainers", s))
+            }
+        })
+        .await?;
+        let status = timed(u.samples, |i| {
+            let (mut c, id) = (c.clone(), ids[(i * 7919) % ids.len()].clone());
+            async move {
+                c.pod_sandbox_status(cri::PodSandboxStatusRequest {
+                    pod_sandbox_id: id,
+                    verbose: false,
+                })
+                .await
+                .map(drop)
+                .map_err(|s| grpc_err("PodSandboxStatus", s))
+            }
+        })
+        .await?;
+        let stats = timed(u.samples.div_ceil(2), |_| {
+            let mut c = c.clone();
+            async move {
+                c.list_container_stats(cri::ListContainerStatsRequest { filter: None })
+                    .await
+                    .map(drop)
+                    .map_err(|s| grpc_err("ListContainerStats", s))
+            }
+        })
+        .await?;
+        let (d, p) = memory(u.daemon_pid, &u.procs);
+        let per_pod = |a: u64, b: u64| (a.saturating_sub(b)) as f64 / 1024.0 / point as f64;
+        let procs = p.count.saturating_sub(p0.count).max(1) as f64;
+        println!(
+            "| {} | {point} | {rate:.1} | {:.0}/{:.0}/{:.0} | {pods} | {ps} | {status} | {stats} | {:.2} ({:.2}) | {:.0} |",
+            u.label,
+            pct(&mut run, 50.0),
+            pct(&mut create, 50.0),
+            pct(&mut start, 50.0),
+            per_pod(d.rss + p.rss, d0.rss + p0.rss),
+            per_pod(d.pss + p.pss, d0.pss + p0.pss),
+            (p.uss.saturating_sub(p0.uss)) as f64 / procs,
+        );
+    }
+    Ok(())
+}
+
+/// `scale down`: stops and removes every pod of `run`, `concurrency` at a time; prints the
+/// rate.
+pub async fn down(ch: Channel, run: &str, concurrency: usize, label: &str) -> Result<(), String> {
+    let mut c = runtime_client(&ch);
+    let ids: Vec<String> = c
+        .list_pod_sandbox(cri::ListPodSandboxRequest {
+            filter: Some(cri::PodSandboxFilter {
+                label_selector: labels(run),
+                ..Default::default()
+            }),
+        })
+        .await
+        .map_err(|s| grpc_err("ListPodSandbox", s))?
+        .into_inner()
+        .items
+        .into_iter()
+        .map(|p| p.id)
+        .collect();
+    let n = ids.len();
+    let ids = Arc::new(ids);
+    let t = Instant::now();
+    let (_, errors) = parallel(&ch, 0, n, concurrency, move |mut c, i| {
+        let id = ids[i].clone();
+        async move {
+            c.stop_pod_sandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await
+            .map_err(|s| grpc_err("StopPodSandbox", s))?;
+            c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id })
+                .await
+                .map(drop)
+                .map_err(|s| grpc_err("RemovePodSandbox", s))
+        }
+    })
+    .await;
+    let wall = t.elapsed().as_secs_f64();
+    if let Some(e) = errors.first() {
+        return Err(format!("{} pods failed to go; first: {e}", errors.len()));
+    }
+    println!("{label} {n} {:.1} {wall:.1}", n as f64 / wall);
+    Ok(())
+}
