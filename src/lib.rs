@@ -106,6 +106,8 @@ pub struct Runtime {
     pub(crate) exit_watch: events::watch::ExitWatcher,
     /// The daemon's own operation metrics (served with `--metrics-address`).
     pub(crate) metrics: Arc<metrics::prom::DaemonMetrics>,
+    /// Containers' writable-layer use, measured at most every few seconds.
+    pub(crate) fs_usage: metrics::FsUsageCache,
     /// Whether pods can have user namespaces here (`userns::probe`, tried at first need).
     pub(crate) userns_support: std::sync::OnceLock<std::result::Result<(), String>>,
     /// The host operations the pod lifecycle orders (`host/`): the real host, or a
@@ -255,6 +257,7 @@ impl Runtime {
             events: Arc::new(events::Hub::new(events_backlog, events_max)),
             metrics: Arc::new(metrics::prom::DaemonMetrics::new()),
             userns_support: std::sync::OnceLock::new(),
+            fs_usage: Default::default(),
             exit_watch: events::watch::ExitWatcher::new(),
             host,
         })
@@ -353,7 +356,7 @@ impl Runtime {
         let entries: Vec<_> = lock(&self.registry).containers.values().cloned().collect();
         let mut out: Vec<ContainerRecord> = entries
             .iter()
-            .map(|e| container::status::refresh(self, e))
+            .map(|e| container::status::refresh_within(self, e, 1000))
             .filter(|r| filter.matches(r))
             .collect();
         out.sort_by_key(|r| (r.created_at, r.id.clone()));

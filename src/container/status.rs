@@ -9,10 +9,28 @@ use crate::{lock, ContainerEntry, Runtime};
 /// Folds an exit the monitor recorded into the record (persisted once), publishing the
 /// STOPPED event when this call made the transition.
 pub(crate) fn refresh(rt: &Runtime, entry: &ContainerEntry) -> ContainerRecord {
+    refresh_within(rt, entry, 0)
+}
+
+/// [`refresh`] for lists: a container whose exit the exit watcher folds in as it happens is
+/// checked against the host (its exit file, a dead monitor) at most every `interval_ms`, so
+/// that a list of a thousand containers does not open two thousand files.
+pub(crate) fn refresh_within(
+    rt: &Runtime,
+    entry: &ContainerEntry,
+    interval_ms: u64,
+) -> ContainerRecord {
+    use std::sync::atomic::Ordering;
     let rec = lock(&entry.record).clone();
     if !is_live(rec.state) {
         return rec;
     }
+    let now = crate::state::monotonic_ms();
+    let last = entry.checked_ms.load(Ordering::Relaxed);
+    if interval_ms > 0 && now.saturating_sub(last) < interval_ms && rt.exit_watch.covers(&rec.id) {
+        return rec;
+    }
+    entry.checked_ms.store(now, Ordering::Relaxed);
     let files = rec.files();
     let Some(exit) = files.exit() else {
         // No exit recorded: if the monitor died and the container's processes are gone too,

@@ -340,7 +340,12 @@ pub fn usage_to_cri(u: &Usage, now: i64) -> (cri::CpuUsage, cri::MemoryUsage) {
     )
 }
 
-fn stats_with(r: &ContainerRecord, u: &Usage, now: i64, used: (u64, u64)) -> cri::ContainerStats {
+fn stats_with(
+    r: &ContainerRecord,
+    u: &Usage,
+    now: i64,
+    used: (u64, u64, i64),
+) -> cri::ContainerStats {
     let (cpu, memory) = usage_to_cri(u, now);
     cri::ContainerStats {
         attributes: Some(cri::ContainerAttributes {
@@ -351,26 +356,25 @@ fn stats_with(r: &ContainerRecord, u: &Usage, now: i64, used: (u64, u64)) -> cri
         }),
         cpu: Some(cpu),
         memory: Some(memory),
-        writable_layer: Some(writable_layer(r, now, used)),
+        writable_layer: Some(writable_layer(r, used)),
         swap: None,
     }
 }
 
 /// Container stats from use already read (for pod stats).
 pub fn stats_of(c: &crate::metrics::ContainerUsage, now: i64) -> cri::ContainerStats {
-    let used = (c.writable_bytes, c.writable_inodes);
+    let used = (c.writable_bytes, c.writable_inodes, c.writable_at);
     stats_with(&c.record, &c.cgroup.usage(), now, used)
 }
 
 /// What the container wrote to its rootfs: its overlay upper dir.
 fn writable_layer(
     r: &ContainerRecord,
-    now: i64,
-    (bytes, inodes): (u64, u64),
+    (bytes, inodes, at): (u64, u64, i64),
 ) -> cri::FilesystemUsage {
     let upper = r.upper_dir();
     cri::FilesystemUsage {
-        timestamp: now,
+        timestamp: at,
         fs_id: Some(cri::FilesystemIdentifier {
             mountpoint: upper.to_string_lossy().into_owned(),
         }),

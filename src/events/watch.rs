@@ -96,6 +96,14 @@ impl ExitWatcher {
         }
     }
 
+    /// Is the thread running and watching `id`'s dir (its exit is folded in as it happens)?
+    pub fn covers(&self, id: &str) -> bool {
+        let Some(shared) = &self.shared else {
+            return false;
+        };
+        lock(&self.stop).is_some() && lock(&shared.watches).by_id.contains_key(id)
+    }
+
     /// Containers watched now.
     pub fn watched(&self) -> usize {
         self.shared

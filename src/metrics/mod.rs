@@ -26,9 +26,126 @@ pub struct PodUsage {
 pub struct ContainerUsage {
     pub record: ContainerRecord,
     pub cgroup: Detail,
-    /// What the container wrote to its rootfs (its overlay upper dir).
+    /// What the container wrote to its rootfs (its overlay upper dir): bytes and inodes, as
+    /// measured at `writable_at` (Unix nanoseconds; see [`FsUsageCache`]).
     pub writable_bytes: u64,
     pub writable_inodes: u64,
+    pub writable_at: i64,
+}
+
+/// How long a writable layer's measured use is reused before its tree is walked again.
+pub const FS_USAGE_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Writable-layer use per container, as cAdvisor keeps filesystem use: measured once
+/// synchronously, then refreshed in the background once older than [`FS_USAGE_TTL`] while
+/// callers get the last measurement — stats of a thousand containers never walk a thousand
+/// trees in the call. Every value carries when it was measured, and CRI reports that time.
+pub struct FsUsageCache {
+    ttl: std::time::Duration,
+    map: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, FsUsage>>>,
+    /// Containers whose measurement is due, for the refresher thread (started at first use).
+    due: std::sync::Mutex<Option<std::sync::mpsc::SyncSender<(String, std::path::PathBuf)>>>,
+}
+
+#[derive(Clone, Copy)]
+struct FsUsage {
+    measured: std::time::Instant,
+    at: i64,
+    bytes: u64,
+    inodes: u64,
+    /// A refresh is queued.
+    queued: bool,
+}
+
+impl FsUsage {
+    fn now(upper: &std::path::Path) -> FsUsage {
+        let (bytes, inodes) = crate::state::disk_usage(upper);
+        FsUsage {
+            measured: std::time::Instant::now(),
+            at: crate::state::now_nanos(),
+            bytes,
+            inodes,
+            queued: false,
+        }
+    }
+}
+
+impl Default for FsUsageCache {
+    fn default() -> Self {
+        FsUsageCache {
+            ttl: FS_USAGE_TTL,
+            map: Default::default(),
+            due: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+impl FsUsageCache {
+    /// (bytes, inodes, measured at) of `upper`, the writable layer of container `id`.
+    fn get(&self, id: &str, upper: &std::path::Path) -> (u64, u64, i64) {
+        let stale = {
+            let mut m = crate::lock(&self.map);
+            match m.get_mut(id) {
+                Some(u) => {
+                    let stale = u.measured.elapsed() >= self.ttl && !u.queued;
+                    u.queued |= stale;
+                    Some((u.bytes, u.inodes, u.at, stale))
+                }
+                None => None,
+            }
+        };
+        match stale {
+            Some((bytes, inodes, at, stale)) => {
+                if stale {
+                    self.refresh_later(id, upper);
+                }
+                (bytes, inodes, at)
+            }
+            None => {
+                let u = FsUsage::now(upper);
+                let mut m = crate::lock(&self.map);
+                // Containers come and go: drop what nobody asked about for a while.
+                if m.len() % 256 == 255 {
+                    let ttl = self.ttl;
+                    m.retain(|_, u| u.measured.elapsed() < ttl * 6);
+                }
+                m.insert(id.to_string(), u);
+                (u.bytes, u.inodes, u.at)
+            }
+        }
+    }
+
+    /// Queues `id` for the refresher (bounded: a full queue drops it, the next call asks
+    /// again).
+    fn refresh_later(&self, id: &str, upper: &std::path::Path) {
+        let mut due = crate::lock(&self.due);
+        if due.is_none() {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<(String, std::path::PathBuf)>(4096);
+            let map = self.map.clone();
+            let spawned = std::thread::Builder::new()
+                .name("fs-usage".into())
+                .spawn(move || {
+                    // Ends when the cache (its sender) goes.
+                    for (id, upper) in rx {
+                        let u = FsUsage::now(&upper);
+                        if let Some(e) = crate::lock(&map).get_mut(&id) {
+                            *e = u;
+                        }
+                    }
+                });
+            if spawned.is_ok() {
+                *due = Some(tx);
+            }
+        }
+        let sent = due
+            .as_ref()
+            .is_some_and(|tx| tx.try_send((id.to_string(), upper.to_path_buf())).is_ok());
+        if !sent {
+            if let Some(e) = crate::lock(&self.map).get_mut(id) {
+                e.queued = false;
+            }
+        }
+    }
 }
 
 /// How much of a container's cgroup to read: what CRI stats report (CPU and memory use: a
@@ -115,7 +232,7 @@ impl Runtime {
     /// runs (a sandboxed runtime keeps every container in its sandbox's cgroup) — what the
     /// runtime measures (`events --stats`).
     fn usage_of_container(&self, record: ContainerRecord, depth: Depth) -> ContainerUsage {
-        let (bytes, inodes) = crate::state::disk_usage(&record.upper_dir());
+        let (bytes, inodes, at) = self.fs_usage.get(&record.id, &record.upper_dir());
         let mut cgroup = match depth {
             Depth::Metrics => crate::cgroups::detail(&record.cgroup),
             Depth::Stats => crate::cgroups::usage(&record.cgroup).into(),
@@ -142,6 +259,7 @@ impl Runtime {
             cgroup,
             writable_bytes: bytes,
             writable_inodes: inodes,
+            writable_at: at,
             record,
         }
     }
@@ -166,5 +284,42 @@ impl Runtime {
             timestamp: crate::state::now_nanos(),
             sandbox: sb,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Measured at once the first time; then the last measurement while it is fresh; once
+    /// stale, still the last one while the refresher measures again in the background.
+    #[test]
+    fn writable_layer_use_is_refreshed_in_the_background() {
+        let dir = std::env::temp_dir().join(format!("sandboxd-fsusage-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a"), vec![1u8; 8192]).unwrap();
+        let cache = FsUsageCache {
+            ttl: std::time::Duration::from_millis(200),
+            ..Default::default()
+        };
+        let (_, inodes, at) = cache.get("c1", &dir);
+        assert_eq!(inodes, 1);
+        std::fs::write(dir.join("b"), vec![1u8; 8192]).unwrap();
+        assert_eq!(cache.get("c1", &dir), (cache.get("c1", &dir).0, 1, at));
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        // Stale: the old value now, a fresh one soon after.
+        assert_eq!(cache.get("c1", &dir).1, 1);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let (_, inodes, at2) = loop {
+            let r = cache.get("c1", &dir);
+            if r.1 == 2 || std::time::Instant::now() > deadline {
+                break r;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(inodes, 2, "never refreshed");
+        assert!(at2 > at);
     }
 }

@@ -14,7 +14,7 @@ pub use persist::{
     disk_usage, list_dir, read_json, record_dirs, remove_record_dir, sync_wait, write_json_atomic,
 };
 pub use quarantine::Quarantine;
-pub use registry::{lock, Entry, Record, Registry};
+pub use registry::{lock, monotonic_ms, Entry, Record, Registry};
 
 /// Now, in Unix nanoseconds (the unit of every CRI timestamp).
 pub fn now_nanos() -> i64 {

@@ -34,6 +34,19 @@ pub trait Record: Serialize {
 pub struct Entry<R> {
     pub op: Mutex<()>,
     pub record: Mutex<R>,
+    /// When the record was last checked against the host (ms on the daemon's monotonic
+    /// clock, 0 = never): lists re-check a container at most once per interval.
+    pub checked_ms: std::sync::atomic::AtomicU64,
+}
+
+/// Milliseconds on the daemon's monotonic clock (since its first call).
+pub fn monotonic_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+        + 1
 }
 
 impl<R: Record + Clone> Entry<R> {
@@ -41,6 +54,7 @@ impl<R: Record + Clone> Entry<R> {
         Arc::new(Entry {
             op: Mutex::new(()),
             record: Mutex::new(record),
+            checked_ms: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
