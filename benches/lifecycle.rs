@@ -128,21 +128,21 @@ fn cpu_time() -> Duration {
 /// Runs `f` and records its wall time, own time, CPU time and waits into `phase` (the
 /// process-wide counters are exact only when nothing else runs in this process).
 fn timed<T>(phase: &mut Phase, f: impl FnOnce() -> T) -> T {
-    let (c0, _) = sandboxd::process::child_time();
+    let (c0, _) = sandboxd::counters::child_time();
     let (cpu0, s0, n0) = (
         cpu_time(),
-        sandboxd::state::sync_wait(),
-        sandboxd::netns::pin_wait(),
+        sandboxd::counters::sync_wait(),
+        sandboxd::counters::pin_wait(),
     );
     let t = Instant::now();
     let r = f();
     let wall = t.elapsed();
-    let (c1, _) = sandboxd::process::child_time();
+    let (c1, _) = sandboxd::counters::child_time();
     phase.wall.push(wall);
     phase.own.push(wall.saturating_sub(c1 - c0));
     phase.cpu.push(cpu_time() - cpu0);
-    phase.sync.push(sandboxd::state::sync_wait() - s0);
-    phase.ns.push(sandboxd::netns::pin_wait() - n0);
+    phase.sync.push(sandboxd::counters::sync_wait() - s0);
+    phase.ns.push(sandboxd::counters::pin_wait() - n0);
     r
 }
 
@@ -153,7 +153,7 @@ fn run_config(rt: &Runtime, pods: usize, conc: usize, infra: bool) -> ([Phase; 4
         std::process::id()
     );
     let all = Mutex::new(<[Phase; 4]>::default());
-    let (c0, _) = sandboxd::process::child_time();
+    let (c0, _) = sandboxd::counters::child_time();
     let t = Instant::now();
     std::thread::scope(|s| {
         for w in 0..conc {
@@ -177,7 +177,7 @@ fn run_config(rt: &Runtime, pods: usize, conc: usize, infra: bool) -> ([Phase; 4
         }
     });
     let wall = t.elapsed();
-    let (c1, _) = sandboxd::process::child_time();
+    let (c1, _) = sandboxd::counters::child_time();
     // Child wall time summed over workers, against the workers' total wall time.
     let child_share = (c1 - c0).as_secs_f64() / (wall.as_secs_f64() * conc as f64);
     (all.into_inner().unwrap(), wall, child_share)

@@ -287,9 +287,11 @@ fn count_procs(dir: &Path) -> u64 {
 /// hierarchy; each is tried. A missing one is fine; a busy one is an error naming it.
 pub fn remove(cgroup: &str) -> Result<(), HostError> {
     if cgroup.split('/').any(|c| c == "..") || cgroup.trim_matches('/').is_empty() {
-        return Err(HostError::Other(format!(
-            "refusing to remove cgroup {cgroup:?}"
-        )));
+        return Err(HostError::Refused {
+            op: "remove cgroup",
+            path: cgroup.into(),
+            reason: "not a cgroup path of ours".into(),
+        });
     }
     let mut first_err = None;
     for h in hierarchies() {

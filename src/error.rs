@@ -28,12 +28,85 @@ pub enum HostError {
         /// The errno it returned.
         errno: nix::errno::Errno,
     },
+    /// A call with no path of its own (a socket, a pipe, a fork, capabilities) failed.
+    #[error("{op}: {source}")]
+    Call {
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A worker thread could not be started or panicked.
+    #[error("{what} thread: {reason}")]
+    Thread {
+        /// What the thread does (`namespace`, `sysctl`…).
+        what: &'static str,
+        /// `cannot start: …` or `panicked`.
+        reason: String,
+    },
+    /// Something at `path` is not what the daemon may act on, so it was left alone.
+    #[error("refusing to {op} {path}: {reason}")]
+    Refused {
+        /// What was not done.
+        op: &'static str,
+        /// What it would have acted on.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// `path` stayed mounted or busy through every bounded retry.
+    #[error("{path} {state} after {attempts} attempts")]
+    Stuck {
+        /// What it acted on.
+        path: PathBuf,
+        /// `still mounted`, `stayed busy`…
+        state: &'static str,
+        /// How many tries were made.
+        attempts: u32,
+    },
+    /// Data the daemon reads or writes is malformed (a record, a spec, a binary).
+    #[error("{what}: {reason}")]
+    Format {
+        /// What it is (a path, `OCI spec`…).
+        what: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Any other failure, as a message.
     #[error("{0}")]
     Other(String),
 }
 
 impl HostError {
+    /// A [`HostError::Call`] from the last OS error.
+    pub fn last(op: &'static str) -> Self {
+        HostError::Call {
+            op,
+            source: std::io::Error::last_os_error(),
+        }
+    }
+    /// A [`HostError::Thread`] that could not start.
+    pub fn thread_start(what: &'static str, e: std::io::Error) -> Self {
+        HostError::Thread {
+            what,
+            reason: format!("cannot start: {e}"),
+        }
+    }
+    /// A [`HostError::Thread`] that panicked.
+    pub fn thread_panicked(what: &'static str) -> Self {
+        HostError::Thread {
+            what,
+            reason: "panicked".into(),
+        }
+    }
+    /// A [`HostError::Format`].
+    pub fn format(what: impl std::fmt::Display, reason: impl std::fmt::Display) -> Self {
+        HostError::Format {
+            what: what.to_string(),
+            reason: reason.to_string(),
+        }
+    }
     /// An [`HostError::Io`]: `op` on `path` failed with `source`.
     pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         HostError::Io {
@@ -166,7 +239,9 @@ impl Error {
         }
         fn host(h: &HostError) -> bool {
             match h {
-                HostError::Io { source, .. } => io_no_space(source),
+                HostError::Io { source, .. } | HostError::Call { source, .. } => {
+                    io_no_space(source)
+                }
                 HostError::Sys { errno, .. } => {
                     matches!(
                         *errno,
@@ -174,6 +249,10 @@ impl Error {
                     )
                 }
                 HostError::Other(m) => m.contains("No space left on device"),
+                HostError::Thread { .. }
+                | HostError::Refused { .. }
+                | HostError::Stuck { .. }
+                | HostError::Format { .. } => false,
             }
         }
         fn dynamic(e: &(dyn std::error::Error + 'static)) -> bool {

@@ -27,6 +27,8 @@ pub mod cni;
 #[doc(hidden)]
 pub mod container;
 #[doc(hidden)]
+pub mod counters;
+#[doc(hidden)]
 pub mod failpoint;
 mod host;
 #[doc(hidden)]
@@ -498,7 +500,7 @@ fn check_root(root: &Path) -> Result<()> {
 
 /// The prefix of every namespace file a runtime on state root `root` creates
 /// (`sandboxd-<root tag>-`), for tools and tests that clean up after one instance.
-pub fn ns_file_prefix(root: &Path) -> String {
+fn ns_file_prefix(root: &Path) -> String {
     format!("sandboxd-{}-", short_hash(&root.to_string_lossy()))
 }
 

@@ -180,10 +180,11 @@ pub fn unmount_all(path: &Path) -> Result<(), HostError> {
             Err(e) => return Err(HostError::sys("unmount", path, e)),
         }
     }
-    Err(HostError::Other(format!(
-        "{} is still mounted after 16 unmounts",
-        path.display()
-    )))
+    Err(HostError::Stuck {
+        path: path.to_path_buf(),
+        state: "still mounted",
+        attempts: 16,
+    })
 }
 
 /// Makes `dir` a mount point with shared propagation, as `ip netns` does for `/var/run/netns`,
@@ -338,7 +339,7 @@ pub(crate) const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 
 fn cpath(path: &Path) -> Result<std::ffi::CString, HostError> {
     std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| HostError::Other(format!("{} contains NUL", path.display())))
+        .map_err(|_| HostError::format(path.display(), "the path contains NUL"))
 }
 
 /// A detached copy of the mount at `path` (open_tree with OPEN_TREE_CLONE), with its

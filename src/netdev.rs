@@ -79,9 +79,9 @@ pub fn read(netns: &Path) -> Result<Vec<Interface>, HostError> {
                 .map_err(|e| HostError::io("read", Path::new("/proc/thread-self/net/dev"), e))?;
             Ok(parse(&text))
         })
-        .map_err(|e| HostError::Other(format!("cannot start netdev thread: {e}")))?
+        .map_err(|e| HostError::thread_start("netdev", e))?
         .join()
-        .map_err(|_| HostError::Other("netdev thread panicked".into()))?
+        .map_err(|_| HostError::thread_panicked("netdev"))?
 }
 
 #[cfg(test)]

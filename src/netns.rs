@@ -11,7 +11,6 @@
 use std::fs::OpenOptions;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
@@ -53,19 +52,10 @@ impl Pinning {
         let t = std::time::Instant::now();
         let r = handle
             .join()
-            .map_err(|_| HostError::Other("namespace thread panicked".into()))?;
-        WAIT_NANOS.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            .map_err(|_| HostError::thread_panicked("namespace"))?;
+        crate::counters::add(crate::counters::Wait::Namespace, t.elapsed());
         r
     }
-}
-
-/// Wall time callers spent blocked on namespace creation (summed over threads), for the
-/// benchmark's breakdown of our own time.
-static WAIT_NANOS: AtomicU64 = AtomicU64::new(0);
-
-/// Total time callers have waited for namespaces to be pinned.
-pub fn pin_wait() -> Duration {
-    Duration::from_nanos(WAIT_NANOS.load(Ordering::Relaxed))
 }
 
 /// Creates and pins the requested namespaces: returns once the namespace files exist; the
@@ -94,7 +84,7 @@ pub fn pin_in_background(req: &PinRequest) -> Result<Pinning, HostError> {
             for (path, _) in &targets {
                 let _ = remove(path);
             }
-            HostError::Other(format!("cannot start namespace thread: {e}"))
+            HostError::thread_start("namespace", e)
         })
 }
 
@@ -180,10 +170,7 @@ fn loopback_up() -> Result<(), HostError> {
     // SAFETY: socket(2) takes plain integers and returns a new fd or -1.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
-        return Err(HostError::Other(format!(
-            "socket for loopback: {}",
-            std::io::Error::last_os_error()
-        )));
+        return Err(HostError::last("socket for loopback"));
     }
     // SAFETY: an all-zero ifreq is a valid value of this plain C struct.
     let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
@@ -202,7 +189,10 @@ fn loopback_up() -> Result<(), HostError> {
     // SAFETY: `fd` is ours and closed once.
     unsafe { libc::close(fd) };
     if r != 0 {
-        return Err(HostError::Other(format!("bring lo up: {err}")));
+        return Err(HostError::Call {
+            op: "bring lo up",
+            source: err,
+        });
     }
     Ok(())
 }
@@ -248,13 +238,13 @@ pub fn apply_sysctls(
             for (name, value, _) in &list {
                 let path = crate::sysctl::proc_path(name);
                 std::fs::write(&path, value.as_bytes())
-                    .map_err(|e| HostError::Other(format!("sysctl {name}={value:?}: {e}")))?;
+                    .map_err(|e| HostError::io("write sysctl", &path, e))?;
             }
             Ok(())
         })
-        .map_err(|e| HostError::Other(format!("cannot start sysctl thread: {e}")))?
+        .map_err(|e| HostError::thread_start("sysctl", e))?
         .join()
-        .map_err(|_| HostError::Other("sysctl thread panicked".into()))?
+        .map_err(|_| HostError::thread_panicked("sysctl"))?
 }
 
 /// Is `path` a bind-mounted namespace file (nsfs)? Symlinks are not followed.
@@ -270,28 +260,17 @@ pub fn is_nsfs(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// What [`remove`] found and did.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Removed {
-    /// It was an nsfs mount: unmounted and unlinked.
-    Namespace,
-    /// An empty plain file (a namespace file whose mount is gone): unlinked.
-    StaleFile,
-    /// Nothing there.
-    Absent,
-}
-
 /// Closes a pinned namespace: lazy unmount, then unlink with a bounded EBUSY retry. A missing
 /// path is success. A path that is not nsfs is never unmounted; an empty regular file (our own
 /// stale placeholder) is unlinked; anything else (a directory, a symlink, a non-empty file) is
 /// refused and left alone.
-pub fn remove(path: &Path) -> Result<Removed, HostError> {
+pub fn remove(path: &Path) -> Result<(), HostError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Removed::Absent),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(HostError::io("inspect namespace file", path, e)),
     };
-    let what = if is_nsfs(path) {
+    if is_nsfs(path) {
         // Unmount every stacked mount: a retried pin could have mounted twice.
         for _ in 0..8 {
             match umount2(path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
@@ -303,20 +282,19 @@ pub fn remove(path: &Path) -> Result<Removed, HostError> {
                 break;
             }
         }
-        Removed::Namespace
-    } else if meta.file_type().is_file() && meta.size() == 0 {
-        Removed::StaleFile
-    } else {
-        return Err(HostError::Other(format!(
-            "refusing to remove {}: it is not a namespace file",
-            path.display()
-        )));
-    };
+    } else if !(meta.file_type().is_file() && meta.size() == 0) {
+        // Only an empty regular file (our own stale placeholder) is removed unmounted.
+        return Err(HostError::Refused {
+            op: "remove",
+            path: path.to_path_buf(),
+            reason: "it is not a namespace file".into(),
+        });
+    }
     let mut delay = Duration::from_millis(1);
     for _ in 0..10 {
         match std::fs::remove_file(path) {
-            Ok(()) => return Ok(what),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(what),
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                 std::thread::sleep(delay);
                 delay *= 2;
@@ -324,10 +302,11 @@ pub fn remove(path: &Path) -> Result<Removed, HostError> {
             Err(e) => return Err(HostError::io("remove namespace file", path, e)),
         }
     }
-    Err(HostError::Other(format!(
-        "{} stayed busy after 10 removal attempts",
-        path.display()
-    )))
+    Err(HostError::Stuck {
+        path: path.to_path_buf(),
+        state: "stayed busy",
+        attempts: 10,
+    })
 }
 
 #[cfg(test)]

@@ -42,10 +42,7 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), HostError> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 fills two fds into the array we pass.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(HostError::Other(format!(
-            "pipe: {}",
-            std::io::Error::last_os_error()
-        )));
+        return Err(HostError::last("pipe"));
     }
     // SAFETY: two fresh fds from pipe2, each owned once.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
@@ -68,10 +65,7 @@ impl NsChild {
         // memory prepared before the fork) and leaves with _exit.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
-            return Err(HostError::Other(format!(
-                "fork for the pod's user namespace: {}",
-                std::io::Error::last_os_error()
-            )));
+            return Err(HostError::last("fork for the pod's user namespace"));
         }
         if pid == 0 {
             // SAFETY: in the forked child, see above.
@@ -105,11 +99,7 @@ impl NsChild {
         let fd = self.go.as_ref().map_or(-1, |f| f.as_raw_fd());
         // SAFETY: write of one byte from a local to our pipe's write end.
         if unsafe { libc::write(fd, [1u8].as_ptr().cast(), 1) } != 1 {
-            return Err(HostError::Other(format!(
-                "namespace child {}: {}",
-                self.pid,
-                std::io::Error::last_os_error()
-            )));
+            return Err(HostError::last("signal the namespace child"));
         }
         Ok(())
     }
@@ -147,10 +137,10 @@ impl NsChild {
             STEP_HOSTNAME => "set the hostname",
             _ => "make the pod's namespaces",
         };
-        Err(HostError::Other(format!(
-            "{what}: {}",
-            std::io::Error::from_raw_os_error(errno)
-        )))
+        Err(HostError::Call {
+            op: what,
+            source: std::io::Error::from_raw_os_error(errno),
+        })
     }
 
     /// `/proc/<pid>/ns/<kind>` of the child.
@@ -350,13 +340,13 @@ fn as_pod_root<T: Send>(
                 libc::syscall(libc::SYS_setfsuid, uid);
             }
             let permitted = caps::read(None, caps::CapSet::Permitted)
-                .map_err(|e| HostError::Other(format!("read capabilities: {e}")))?;
+                .map_err(|e| HostError::format("capabilities", e))?;
             caps::set(None, caps::CapSet::Effective, &permitted)
-                .map_err(|e| HostError::Other(format!("raise capabilities: {e}")))?;
+                .map_err(|e| HostError::format("raising capabilities", e))?;
             f()
         })
         .join()
-        .map_err(|_| HostError::Other("mount thread panicked".into()))?
+        .map_err(|_| HostError::thread_panicked("mount"))?
     })
 }
 

@@ -144,7 +144,7 @@ impl Host for RealHost {
     }
 
     fn remove_namespace(&self, path: &Path) -> Result<(), HostError> {
-        crate::netns::remove(path).map(drop)
+        crate::netns::remove(path)
     }
 
     fn is_namespace(&self, path: &Path) -> bool {

@@ -61,7 +61,7 @@ impl ContainerFiles {
     pub fn wait_exit(&self, pid: i32, limit: Duration) -> Result<(), String> {
         let started = Instant::now();
         let r = wait_exit_since(started, self, pid, limit);
-        crate::process::account_wait(started.elapsed());
+        crate::counters::add(crate::counters::Wait::OtherProcess, started.elapsed());
         r
     }
 

@@ -342,12 +342,7 @@ pub fn prepare_infra_rootfs(dir: &Path, pause: &Path) -> Result<(), HostError> {
 /// Does this ELF file ask for a program interpreter (PT_INTERP), i.e. need a dynamic loader?
 pub fn is_dynamic_elf(path: &Path) -> Result<bool, HostError> {
     let data = std::fs::read(path).map_err(|e| HostError::io("read", path, e))?;
-    let bad = || {
-        HostError::Other(format!(
-            "{} is not a 64-bit little-endian ELF file",
-            path.display()
-        ))
-    };
+    let bad = || HostError::format(path.display(), "not a 64-bit little-endian ELF file");
     if data.len() < 64 || &data[..4] != b"\x7fELF" || data[4] != 2 || data[5] != 1 {
         return Err(bad());
     }
@@ -382,7 +377,7 @@ pub fn clamp_oom_score_adj(wanted: i32) -> i32 {
 
 /// Writes a bundle's config.json (compact: the runtime is its only reader).
 pub fn save(spec: &Spec, path: &Path) -> Result<(), HostError> {
-    let data = serde_json::to_vec(spec).map_err(|e| HostError::Other(format!("OCI spec: {e}")))?;
+    let data = serde_json::to_vec(spec).map_err(|e| HostError::format("OCI spec", e))?;
     crate::state::files::write_private(path, &data)
 }
 

@@ -11,12 +11,10 @@
 //! - `output`: capped output buffers and the [`OutputBudget`] shared between calls;
 //! - `tree`: liveness (a zombie is not alive), `/proc` stat, killing a process tree;
 //! - `pidfile`: pid files and killing the process one names;
-//! - `stats`: the benchmark's counters of time spent in helpers.
 
 mod output;
 mod pidfile;
 mod run;
-mod stats;
 mod tree;
 
 pub use output::OutputBudget;
@@ -24,7 +22,6 @@ pub use pidfile::{kill_pid_file, read_pid};
 pub use run::{exit_code, run, run_with, run_with_stdio, wait_until, Limits, Output, RunError};
 /// The pidfds and the umask the monitor uses too, from the contract they share.
 pub use sandboxd_shim_common::{fd::pidfd_open, runtime::private_umask};
-pub use stats::{account_wait, child_time};
 pub use tree::{
     alive, group_members, kill_tree, proc_stat, start_time_nanos, wait_gone, wait_reaped, ProcStat,
 };

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use sandboxd_shim_common::fd::{pidfd_open, set_nonblocking};
 
+use super::kill_tree;
 use super::output::{OutputBudget, Sink};
-use super::{kill_tree, stats};
 
 /// A process's exit as a shell reports it: its code, or 128 + the signal that killed it.
 pub fn exit_code(s: &ExitStatus) -> i32 {
@@ -101,7 +101,7 @@ pub fn run_with(
 ) -> Result<Output, RunError> {
     let started = Instant::now();
     let r = run_inner(cmd, stdin, limits, on_timeout);
-    stats::account_call(started.elapsed());
+    crate::counters::add(crate::counters::Wait::Child, started.elapsed());
     r
 }
 

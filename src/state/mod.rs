@@ -11,7 +11,7 @@ pub mod registry;
 pub use ids::IdIndex;
 pub use names::NameReservations;
 pub use persist::{
-    disk_usage, list_dir, read_json, record_dirs, remove_record_dir, sync_wait, write_json_atomic,
+    disk_usage, list_dir, read_json, record_dirs, remove_record_dir, write_json_atomic,
 };
 pub use quarantine::Quarantine;
 pub use registry::{lock, monotonic_ms, Entry, Record, Registry};

@@ -2,27 +2,16 @@
 //! crash leaves either the old or the new content, never a torn file.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use sandboxd_shim_common::files::Durability;
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::error::HostError;
 
-/// Wall time spent waiting in fsync for records (summed over threads), for the benchmark's
-/// breakdown of our own time.
-static SYNC_NANOS: AtomicU64 = AtomicU64::new(0);
-
-/// Total time spent in record fsyncs so far.
-pub fn sync_wait() -> Duration {
-    Duration::from_nanos(SYNC_NANOS.load(Ordering::Relaxed))
-}
-
 /// Writes `value` as JSON to `path` atomically.
 pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), HostError> {
     let data = serde_json::to_vec_pretty(value)
-        .map_err(|e| HostError::Other(format!("serialize {}: {e}", path.display())))?;
+        .map_err(|e| HostError::format(path.display(), format!("serialize: {e}")))?;
     write_atomic(path, &data)
 }
 
@@ -39,7 +28,7 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), HostError> {
     }
     let synced = sandboxd_shim_common::files::write_atomic(path, data, Durability::Fsync)
         .map_err(|e| HostError::io(e.op, e.path, e.source))?;
-    SYNC_NANOS.fetch_add(synced.as_nanos() as u64, Ordering::Relaxed);
+    crate::counters::add(crate::counters::Wait::Sync, synced);
     Ok(())
 }
 
@@ -156,7 +145,7 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, HostErro
     match std::fs::read(path) {
         Ok(data) => serde_json::from_slice(&data)
             .map(Some)
-            .map_err(|e| HostError::Other(format!("corrupt record {}: {e}", path.display()))),
+            .map_err(|e| HostError::format(path.display(), format!("corrupt record: {e}"))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(HostError::io("read", path, e)),
     }
