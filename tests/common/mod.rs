@@ -206,6 +206,14 @@ impl Env {
     }
 
     /// Asserts that nothing of this test is left on the host.
+    /// No pod is listed and nothing is left on the host.
+    pub fn assert_nothing_created(&self, rt: &sandboxd::Runtime) {
+        assert!(rt
+            .list_pod_sandboxes(&sandboxd::SandboxFilter::default())
+            .is_empty());
+        self.assert_no_leaks();
+    }
+
     pub fn assert_no_leaks(&self) {
         let d = &self.cfg.netns_dir;
         assert!(
