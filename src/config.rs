@@ -126,7 +126,7 @@ pub struct Config {
     /// blobs are kept, concurrent downloads per pull.
     pub images: crate::image::StoreConfig,
     /// The streaming server (exec, port-forward URLs) the daemon runs.
-    pub streaming: crate::streaming::StreamingConfig,
+    pub streaming: StreamingConfig,
 }
 
 mod secs {
@@ -256,4 +256,53 @@ pub fn find_in_path(name: &str) -> Option<PathBuf> {
         .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].map(PathBuf::from))
         .map(|d| d.join(name))
         .find(|p| p.is_file())
+}
+
+/// How long an issued URL stays valid by default (kubelet's streaming cache uses one minute too).
+pub const TOKEN_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Streaming server settings (`[streaming]` in the config file).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StreamingConfig {
+    /// Address to listen on; port 0 picks a free one.
+    pub address: String,
+    /// A session with no traffic in either direction for this long is closed.
+    pub idle_timeout_secs: u64,
+    /// A client that stops reading our output for this long (everything it has not read
+    /// yet is held in a fixed per-session buffer meanwhile) has its session closed.
+    pub write_timeout_secs: u64,
+    /// Sessions running at once; more are refused with 503.
+    pub max_sessions: usize,
+    /// Connections open at once (before and during their sessions); more are closed at
+    /// once. Never more than a quarter of the daemon's file descriptor limit, so the CRI
+    /// socket always has descriptors left.
+    pub max_connections: usize,
+    /// Connections open at once from one client address.
+    pub max_connections_per_ip: usize,
+    /// A client must send its whole request header within this many seconds.
+    pub header_timeout_secs: u64,
+    /// How long an issued URL stays valid (it is also valid only once).
+    pub token_ttl_secs: u64,
+    /// Serve HTTPS with this PEM certificate chain and key (both or neither).
+    pub tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
+}
+
+impl Default for StreamingConfig {
+    fn default() -> Self {
+        StreamingConfig {
+            address: "127.0.0.1:0".into(),
+            idle_timeout_secs: 4 * 3600,
+            write_timeout_secs: 300,
+            max_sessions: 256,
+            max_connections: 1024,
+            max_connections_per_ip: 256,
+            header_timeout_secs: 10,
+            token_ttl_secs: TOKEN_TTL.as_secs(),
+            tls_cert_file: None,
+            tls_key_file: None,
+        }
+    }
 }

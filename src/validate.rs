@@ -34,39 +34,6 @@ pub fn name(field: &str, value: &str) -> Result<()> {
     Ok(())
 }
 
-/// Checks the maps of a pod's user namespace (or an idmapped mount's), as kubelet sends
-/// them: exactly one uid and one gid range, each mapping container id 0, not empty, not
-/// wrapping around, and not mapping the host's root into the pod (which would make root in
-/// the pod root on the node).
-pub fn id_map(field: &str, m: &crate::model::sandbox::IdMap) -> Result<()> {
-    for (kind, ranges) in [("uids", &m.uids), ("gids", &m.gids)] {
-        let [r] = ranges.as_slice() else {
-            return Err(Error::InvalidArgument(format!(
-                "{field}.{kind}: exactly one mapping is supported, got {}",
-                ranges.len()
-            )));
-        };
-        if r.container_id != 0 || r.length == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{field}.{kind}: the mapping {}:{}:{} leaves container id 0 unmapped",
-                r.container_id, r.host_id, r.length
-            )));
-        }
-        if r.host_id.checked_add(r.length - 1).is_none() {
-            return Err(Error::InvalidArgument(format!(
-                "{field}.{kind}: host ids {}+{} run past the last id",
-                r.host_id, r.length
-            )));
-        }
-        if r.host_id == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{field}.{kind}: the mapping starts at host id 0, which would make root in the pod the node's root"
-            )));
-        }
-    }
-    Ok(())
-}
-
 /// Most labels and annotations, each, on a pod or container, and their total size.
 pub const MAX_LABELS: usize = 1024;
 pub const MAX_METADATA_BYTES: usize = 256 * 1024;

@@ -372,10 +372,10 @@ fn check_user_namespace(sb: &SandboxRecord, c: &ContainerConfig) -> Result<()> {
     }
     for m in &c.mounts {
         if let Some(map) = &m.idmap {
-            validate::id_map(
-                &format!("mounts[{}].uid_mappings/gid_mappings", m.container_path),
-                map,
-            )?;
+            map.check(&format!(
+                "mounts[{}].uid_mappings/gid_mappings",
+                m.container_path
+            ))?;
         }
     }
     Ok(())

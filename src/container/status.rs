@@ -6,6 +6,24 @@ use crate::error::{Error, Result};
 use crate::state::now_nanos;
 use crate::{lock, ContainerEntry, Runtime};
 
+impl Runtime {
+    /// Starts learning container exits as the monitors record them (one thread, which ends
+    /// with the runtime), so STOPPED events go out at once. Without it, exits are folded in
+    /// by the next query.
+    pub fn watch_exits(self: &std::sync::Arc<Self>) -> crate::Result<()> {
+        self.exit_watch
+            .spawn(
+                std::sync::Arc::downgrade(self),
+                |rt: &crate::Runtime, id| {
+                    if let Ok(Some(e)) = rt.find_container(id) {
+                        refresh(rt, &e);
+                    }
+                },
+            )
+            .map_err(|e| crate::Error::Config(format!("cannot start the exit watcher: {e}")))
+    }
+}
+
 /// Folds an exit the monitor recorded into the record (persisted once), publishing the
 /// STOPPED event when this call made the transition.
 pub(crate) fn refresh(rt: &Runtime, entry: &ContainerEntry) -> ContainerRecord {

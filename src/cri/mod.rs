@@ -19,6 +19,7 @@ pub mod metrics;
 #[doc(hidden)]
 pub mod pod;
 mod runtime_service;
+mod stats;
 
 use std::sync::Arc;
 

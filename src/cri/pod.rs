@@ -292,38 +292,6 @@ pub fn filter(f: Option<&cri::PodSandboxFilter>) -> Result<Option<SandboxFilter>
     }))
 }
 
-/// One pod's stats: its cgroup (which holds every container's), its network namespace's
-/// interfaces, its process count and its running containers.
-pub(crate) fn pod_stats(p: &crate::metrics::PodUsage) -> cri::PodSandboxStats {
-    let r = &p.sandbox;
-    let now = p.timestamp;
-    let (cpu, memory) = super::container::usage_to_cri(&p.cgroup.usage(), now);
-    let containers = p
-        .containers
-        .iter()
-        .map(|c| super::container::stats_of(c, now))
-        .collect();
-    cri::PodSandboxStats {
-        attributes: Some(cri::PodSandboxAttributes {
-            id: r.id.clone(),
-            metadata: Some(metadata_to_cri(&r.config.metadata)),
-            labels: unsorted(&r.config.labels),
-            annotations: unsorted(&r.config.annotations),
-        }),
-        linux: Some(cri::LinuxPodSandboxStats {
-            cpu: Some(cpu),
-            memory: Some(memory),
-            network: super::metrics::network_stats(p),
-            process: p.cgroup.processes.map(|n| cri::ProcessUsage {
-                timestamp: now,
-                process_count: Some(cri::UInt64Value { value: n }),
-            }),
-            containers,
-        }),
-        windows: None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -177,7 +177,7 @@ impl RuntimeService for CriService {
                     Ok(rt
                         .pods_usage(&filter, crate::metrics::Depth::Stats)
                         .iter()
-                        .map(pod::pod_stats)
+                        .map(stats::pod_stats)
                         .collect())
                 })
                 .await?
@@ -480,7 +480,7 @@ impl RuntimeService for CriService {
         let i = id.clone();
         let stats = self
             .call("PodSandboxStats", &id, move |rt| {
-                Ok(pod::pod_stats(&rt.pod_usage_detail(&i)?))
+                Ok(stats::pod_stats(&rt.pod_usage_detail(&i)?))
             })
             .await?;
         Ok(Response::new(cri::PodSandboxStatsResponse {

@@ -267,19 +267,6 @@ impl crate::Runtime {
         })
     }
 
-    /// Starts learning container exits as the monitors record them (one thread, which ends
-    /// with the runtime), so STOPPED events go out at once. Without it, exits are folded in
-    /// by the next query.
-    pub fn watch_exits(self: &Arc<Self>) -> crate::Result<()> {
-        self.exit_watch
-            .spawn(Arc::downgrade(self), |rt: &crate::Runtime, id| {
-                if let Ok(Some(e)) = rt.find_container(id) {
-                    crate::container::status::refresh(rt, &e);
-                }
-            })
-            .map_err(|e| crate::Error::Config(format!("cannot start the exit watcher: {e}")))
-    }
-
     /// Publishes a container's transition with its pod's statuses as they are now (nothing
     /// is built when nobody listens). Call with no record lock held.
     pub(crate) fn emit(&self, kind: EventKind, id: &str, sandbox_id: &str) {

@@ -70,6 +70,40 @@ impl IdMap {
         Some((root(&self.uids)?, root(&self.gids)?))
     }
 
+    /// Checks the maps of a pod's user namespace (or an idmapped mount's), as kubelet sends
+    /// them: exactly one uid and one gid range, each mapping container id 0, not empty, not
+    /// wrapping around, and not mapping the host's root into the pod (which would make root in
+    /// the pod root on the node).
+    pub fn check(&self, field: &str) -> crate::Result<()> {
+        let m = self;
+        for (kind, ranges) in [("uids", &m.uids), ("gids", &m.gids)] {
+            let [r] = ranges.as_slice() else {
+                return Err(crate::Error::InvalidArgument(format!(
+                    "{field}.{kind}: exactly one mapping is supported, got {}",
+                    ranges.len()
+                )));
+            };
+            if r.container_id != 0 || r.length == 0 {
+                return Err(crate::Error::InvalidArgument(format!(
+                    "{field}.{kind}: the mapping {}:{}:{} leaves container id 0 unmapped",
+                    r.container_id, r.host_id, r.length
+                )));
+            }
+            if r.host_id.checked_add(r.length - 1).is_none() {
+                return Err(crate::Error::InvalidArgument(format!(
+                    "{field}.{kind}: host ids {}+{} run past the last id",
+                    r.host_id, r.length
+                )));
+            }
+            if r.host_id == 0 {
+                return Err(crate::Error::InvalidArgument(format!(
+                    "{field}.{kind}: the mapping starts at host id 0, which would make root in the pod the node's root"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// `/proc/PID/uid_map` (or `gid_map`) text for `ranges`.
     pub fn proc_map(ranges: &[IdMapping]) -> String {
         ranges

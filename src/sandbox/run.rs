@@ -497,7 +497,7 @@ fn validate_config(rt: &Runtime, c: &PodSandboxConfig) -> Result<Plan> {
         Some(list)
     };
     if let Some(map) = &c.user_namespace {
-        validate::id_map("namespace_options.userns_options", map)?;
+        map.check("namespace_options.userns_options")?;
         if c.host_network() || c.host_pid() || c.host_ipc() {
             return Err(Error::InvalidArgument(
                 "namespace_options.userns_options: a pod with its own user namespace cannot share the node's network, PID or IPC namespace".into(),

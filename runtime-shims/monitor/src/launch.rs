@@ -4,14 +4,14 @@
 //! monitor's report: the container's pid on stdout and exit 0, or the error on stderr and
 //! exit 1.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
 
 use sandboxd_shim_common::cli::MonitorArgs;
 use sandboxd_shim_common::fd::pipe;
 use sandboxd_shim_common::files::write_pid;
 
+use crate::detach::Report;
 use crate::die;
 
 /// Forks the monitor and reports for it; never returns.
@@ -29,7 +29,7 @@ pub fn run(args: &MonitorArgs) -> ! {
             if !matches!(File::from(go_r).read(&mut b), Ok(1)) {
                 std::process::exit(1);
             }
-            let code = crate::supervise::run(args, Report(File::from(report_w)));
+            let code = crate::supervise::run(args, Report::new(File::from(report_w)));
             std::process::exit(code);
         }
         child => {
@@ -51,45 +51,4 @@ pub fn run(args: &MonitorArgs) -> ! {
             std::process::exit(1);
         }
     }
-}
-
-/// The monitor's one message to its launcher: `ok PID` or `err MESSAGE` (the pipe's EOF
-/// ends it).
-pub struct Report(File);
-
-impl Report {
-    /// The container is created: its pid.
-    pub fn ok(mut self, pid: i32) {
-        let _ = write!(self.0, "ok {pid}");
-    }
-
-    /// The monitor failed: `msg` goes to the daemon (once the report is dropped, when the
-    /// monitor exits); returns the monitor's exit code.
-    pub fn fail(&mut self, msg: String) -> i32 {
-        let _ = write!(self.0, "err {msg}");
-        1
-    }
-}
-
-/// New session, subreaper, cwd `/`, stdio on /dev/null (holding nothing of the daemon's).
-pub fn detach() -> std::io::Result<()> {
-    // SAFETY: plain syscalls without pointers (setsid, prctl with integer args).
-    unsafe {
-        libc::setsid();
-        if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    std::env::set_current_dir("/")?;
-    let null = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/null")?;
-    for fd in 0..3 {
-        // SAFETY: dup2 onto the standard fds, which we mean to replace.
-        if unsafe { libc::dup2(null.as_raw_fd(), fd) } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }

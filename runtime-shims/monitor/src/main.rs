@@ -17,13 +17,14 @@
 //! ignored: it lives as long as its container.
 //!
 //! Modules, in the order a container meets them: [`launch`] (fork, the monitor's pid on
-//! record, detach), [`supervise`] (the monitor's life and its poll loop), [`create`]
+//! record), [`detach`] (the monitor leaves the daemon, reports back), [`supervise`] (the monitor's life and its poll loop), [`create`]
 //! (`runtime create`), [`terminal`] (the console socket), [`cri_log`] (the CRI log writer),
 //! [`attach`] (the attach socket server), [`reaper`] (reaping, the exit), [`time`].
 
 mod attach;
 mod create;
 mod cri_log;
+mod detach;
 mod exec;
 mod launch;
 mod reaper;

@@ -13,7 +13,7 @@ use sandboxd_shim_common::files::{write_atomic, Durability};
 use crate::attach::Attach;
 use crate::create::{create, Created};
 use crate::cri_log::{LogFile, Stream};
-use crate::launch::{detach, Report};
+use crate::detach::{detach, Report};
 use crate::reaper::{read_signals, reap_all, signal_fd, Reaper};
 
 /// How long to keep reading output after the container exited (a daemonised grandchild may
