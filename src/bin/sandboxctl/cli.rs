@@ -195,35 +195,7 @@ pub enum Cmd {
 pub enum ScaleCmd {
     /// Bring up N pods with one container each, C at a time; at each point print a markdown
     /// row: bring-up rate, RPC latencies, memory per pod.
-    Up {
-        #[arg(long, short = 'n', default_value_t = 100)]
-        pods: usize,
-        #[arg(long, short = 'c', default_value_t = 8)]
-        concurrency: usize,
-        /// Pod counts at which to measure (comma-separated; N is always one).
-        #[arg(long, value_delimiter = ',', default_value = "10,100,250,500")]
-        points: Vec<usize>,
-        /// Calls timed per RPC at each point (half for ListContainerStats).
-        #[arg(long, default_value_t = 50)]
-        samples: usize,
-        #[arg(long, default_value = "localhost/sandboxd-bench/busybox:latest")]
-        image: String,
-        /// Runtime handler.
-        #[arg(long, default_value = "")]
-        runtime: String,
-        /// The run's name: its pods carry it as a label (scale down removes them by it).
-        #[arg(long)]
-        run: String,
-        /// A label for the rows (e.g. the runtime's name).
-        #[arg(long, default_value = "")]
-        label: String,
-        /// The daemon's pid, for its memory.
-        #[arg(long)]
-        daemon_pid: Option<u32>,
-        /// Command names of the per-pod processes to count (e.g. sandboxd-monitor).
-        #[arg(long, value_delimiter = ',')]
-        procs: Vec<String>,
-    },
+    Up(crate::scale::Up),
     /// Stop and remove every pod of a run, C at a time; print `LABEL PODS PODS/S SECONDS`.
     Down {
         #[arg(long)]

@@ -116,36 +116,10 @@ async fn run(cli: Cli) -> Result<(), String> {
             images::images(&ch, cmd.unwrap_or(ImagesCmd::List { quiet: false }), json).await
         }
         Cmd::Scale {
-            cmd:
-                ScaleCmd::Up {
-                    pods,
-                    concurrency,
-                    points,
-                    samples,
-                    image,
-                    runtime,
-                    run,
-                    label,
-                    daemon_pid,
-                    procs,
-                },
+            cmd: ScaleCmd::Up(mut up),
         } => {
-            scale::up(
-                ch,
-                scale::Up {
-                    pods,
-                    concurrency,
-                    points,
-                    samples: samples.max(1),
-                    image,
-                    runtime,
-                    run,
-                    label,
-                    daemon_pid,
-                    procs,
-                },
-            )
-            .await
+            up.samples = up.samples.max(1);
+            scale::up(ch, up).await
         }
         Cmd::Scale {
             cmd:

@@ -18,19 +18,36 @@ use crate::{grpc_err, runtime_client, Runtime};
 /// The label every pod of a run carries (its value: the run's name).
 const LABEL: &str = "sandboxctl-scale";
 
-/// What `scale up` does.
+/// What `scale up` does: bring up N pods with one container each, C at a time; at each
+/// point print a markdown row: bring-up rate, RPC latencies, memory per pod.
+#[derive(clap::Args, Debug)]
 pub struct Up {
+    #[arg(long, short = 'n', default_value_t = 100)]
     pub pods: usize,
+    #[arg(long, short = 'c', default_value_t = 8)]
     pub concurrency: usize,
-    /// Pod counts at which latencies and memory are measured (the last is `pods`).
+    /// Pod counts at which to measure (comma-separated; N is always one).
+    #[arg(long, value_delimiter = ',', default_value = "10,100,250,500")]
     pub points: Vec<usize>,
+    /// Calls timed per RPC at each point (half for ListContainerStats).
+    #[arg(long, default_value_t = 50)]
     pub samples: usize,
+    #[arg(long, default_value = "localhost/sandboxd-bench/busybox:latest")]
     pub image: String,
+    /// Runtime handler.
+    #[arg(long, default_value = "")]
     pub runtime: String,
+    /// The run's name: its pods carry it as a label (scale down removes them by it).
+    #[arg(long)]
     pub run: String,
+    /// A label for the rows (e.g. the runtime's name).
+    #[arg(long, default_value = "")]
     pub label: String,
-    /// The daemon's pid, and the command names of its per-pod processes (monitor; shim, pause).
+    /// The daemon's pid, for its memory.
+    #[arg(long)]
     pub daemon_pid: Option<u32>,
+    /// Command names of the per-pod processes to count (e.g. sandboxd-monitor).
+    #[arg(long, value_delimiter = ',')]
     pub procs: Vec<String>,
 }
 
@@ -99,6 +116,24 @@ fn ms(t: Instant) -> f64 {
 
 fn labels(run: &str) -> HashMap<String, String> {
     HashMap::from([(LABEL.to_string(), run.to_string())])
+}
+
+/// The ids of the pods of `run`.
+async fn pods_of(ch: &Channel, run: &str) -> Result<Vec<String>, String> {
+    Ok(runtime_client(ch)
+        .list_pod_sandbox(cri::ListPodSandboxRequest {
+            filter: Some(cri::PodSandboxFilter {
+                label_selector: labels(run),
+                ..Default::default()
+            }),
+        })
+        .await
+        .map_err(|s| grpc_err("ListPodSandbox", s))?
+        .into_inner()
+        .items
+        .into_iter()
+        .map(|p| p.id)
+        .collect())
 }
 
 /// One pod with one `sleep` container, started; its (run, create, start) latencies.
@@ -206,16 +241,22 @@ where
     (std::mem::take(&mut o.0), std::mem::take(&mut o.1))
 }
 
-/// `samples` timings of the call `f` makes, as `p50/p99` ms.
-async fn timed<F, Fut>(samples: usize, mut f: F) -> Result<String, String>
+/// `samples` timings of the RPC `rpc` that `f` makes (with a client of its own and the sample's
+/// number), as `p50/p99` ms.
+async fn timed<F, Fut, T>(
+    samples: usize,
+    c: &Runtime,
+    rpc: &str,
+    mut f: F,
+) -> Result<String, String>
 where
-    F: FnMut(usize) -> Fut,
-    Fut: std::future::Future<Output = Result<(), String>>,
+    F: FnMut(Runtime, usize) -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
 {
     let mut v = Vec::with_capacity(samples);
     for i in 0..samples {
         let t = Instant::now();
-        f(i).await?;
+        f(c.clone(), i).await.map_err(|s| grpc_err(rpc, s))?;
         v.push(ms(t));
     }
     Ok(format!("{:.1}/{:.1}", pct(&mut v, 50.0), pct(&mut v, 99.0)))
@@ -250,63 +291,38 @@ pub async fn up(ch: Channel, u: Up) -> Result<(), String> {
             lat.iter().map(|l| l.1).collect(),
             lat.iter().map(|l| l.2).collect(),
         );
-        let mut c = runtime_client(&ch);
-        let ids: Vec<String> = c
-            .list_pod_sandbox(cri::ListPodSandboxRequest {
-                filter: Some(cri::PodSandboxFilter {
-                    label_selector: labels(&u.run),
-                    ..Default::default()
-                }),
-            })
-            .await
-            .map_err(|s| grpc_err("ListPodSandbox", s))?
-            .into_inner()
-            .items
-            .into_iter()
-            .map(|p| p.id)
-            .collect();
-        let pods = timed(u.samples, |_| {
-            let mut c = c.clone();
-            async move {
-                c.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
-                    .await
-                    .map(drop)
-                    .map_err(|s| grpc_err("ListPodSandbox", s))
-            }
+        let c = runtime_client(&ch);
+        let ids = pods_of(&ch, &u.run).await?;
+        let pods = timed(u.samples, &c, "ListPodSandbox", |mut c, _| async move {
+            c.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+                .await
         })
         .await?;
-        let ps = timed(u.samples, |_| {
-            let mut c = c.clone();
-            async move {
-                c.list_containers(cri::ListContainersRequest { filter: None })
-                    .await
-                    .map(drop)
-                    .map_err(|s| grpc_err("ListContainers", s))
-            }
+        let ps = timed(u.samples, &c, "ListContainers", |mut c, _| async move {
+            c.list_containers(cri::ListContainersRequest { filter: None })
+                .await
         })
         .await?;
-        let status = timed(u.samples, |i| {
-            let (mut c, id) = (c.clone(), ids[(i * 7919) % ids.len()].clone());
+        let status = timed(u.samples, &c, "PodSandboxStatus", |mut c, i| {
+            let id = ids[(i * 7919) % ids.len()].clone();
             async move {
                 c.pod_sandbox_status(cri::PodSandboxStatusRequest {
                     pod_sandbox_id: id,
                     verbose: false,
                 })
                 .await
-                .map(drop)
-                .map_err(|s| grpc_err("PodSandboxStatus", s))
             }
         })
         .await?;
-        let stats = timed(u.samples.div_ceil(2), |_| {
-            let mut c = c.clone();
-            async move {
+        let stats = timed(
+            u.samples.div_ceil(2),
+            &c,
+            "ListContainerStats",
+            |mut c, _| async move {
                 c.list_container_stats(cri::ListContainerStatsRequest { filter: None })
                     .await
-                    .map(drop)
-                    .map_err(|s| grpc_err("ListContainerStats", s))
-            }
-        })
+            },
+        )
         .await?;
         let (d, p) = memory(u.daemon_pid, &u.procs);
         let per_pod = |a: u64, b: u64| (a.saturating_sub(b)) as f64 / 1024.0 / point as f64;
@@ -328,21 +344,7 @@ pub async fn up(ch: Channel, u: Up) -> Result<(), String> {
 /// `scale down`: stops and removes every pod of `run`, `concurrency` at a time; prints the
 /// rate.
 pub async fn down(ch: Channel, run: &str, concurrency: usize, label: &str) -> Result<(), String> {
-    let mut c = runtime_client(&ch);
-    let ids: Vec<String> = c
-        .list_pod_sandbox(cri::ListPodSandboxRequest {
-            filter: Some(cri::PodSandboxFilter {
-                label_selector: labels(run),
-                ..Default::default()
-            }),
-        })
-        .await
-        .map_err(|s| grpc_err("ListPodSandbox", s))?
-        .into_inner()
-        .items
-        .into_iter()
-        .map(|p| p.id)
-        .collect();
+    let ids = pods_of(&ch, run).await?;
     let n = ids.len();
     let ids = Arc::new(ids);
     let t = Instant::now();
