@@ -2,7 +2,8 @@
 //! netns is made and CNI ADD done before `runsc create`, every container of the pod joins
 //! the one sandbox (a server reached from a sibling over localhost), the pod IP is reached
 //! from the host, exec/logs/exit codes/stats/stop work, a restarted daemon keeps the pod,
-//! and teardown leaves nothing. Skipped (saying why) only where runsc is absent.
+//! and teardown leaves nothing; port-forward and attach go through the streaming server; a
+//! config file adds handlers. Skipped (saying why) only where runsc is absent.
 
 mod common;
 
@@ -214,4 +215,190 @@ fn gvisor_pod_end_to_end() {
     env.assert_no_leaks();
     let left = processes_mentioning(&env.base.to_string_lossy());
     assert!(left.is_empty(), "processes left: {left:?}");
+}
+
+/// A config file's `[runtimes.NAME]` table adds a handler: the built-in ones stay, and
+/// `--print-default-config` shows the merged list.
+#[test]
+fn a_config_file_adds_handlers_to_the_built_in_ones() {
+    let env = Env::new("runsc-cfg");
+    let f = env.base.join("extra.toml");
+    std::fs::write(
+        &f,
+        "[runtimes.extra]\npath = \"/usr/sbin/runc\"\nruntime_args = [\"--debug\"]\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .arg("--config")
+        .arg(&f)
+        .arg("--print-default-config")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut want = vec!["[runtimes.runc]", "[runtimes.crun]", "[runtimes.extra]"];
+    if runsc_missing().is_none() {
+        want.push("[runtimes.runsc]");
+    }
+    for t in want {
+        assert!(text.contains(t), "{t} missing from:\n{text}");
+    }
+    assert!(text.contains("default_runtime = \"runc\""), "{text}");
+}
+
+/// Through the streaming server for a gVisor pod: port-forward (made inside the pod's netns,
+/// where a `--network=host` sandbox listens) and attach to a container's own stdio; the pod
+/// reaches its gateway; a runtime error reaches the caller with the step that failed and
+/// runsc's own words.
+#[test]
+fn gvisor_streams_gateway_and_errors() {
+    use common::spdy::Client as Spdy;
+    if let Some(why) = runsc_missing() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let env = Env::new("runsc-streams");
+    let (_d, rt, mut c) = daemon(&env);
+    let p = pod("gvs", serde_json::json!({}));
+    let sb = run_gvisor_pod(&rt, &mut c, &p);
+
+    // Port-forward to a server in the pod.
+    let srv = create(
+        &rt,
+        &mut c,
+        &sb,
+        &p,
+        own_pid(
+            "srv",
+            &["sh", "-c", "while true; do echo pong | nc -l -p 8080; done"],
+        ),
+    )
+    .unwrap();
+    start(&rt, &mut c, &srv);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let url = rt
+            .block_on(c.port_forward(cri::PortForwardRequest {
+                pod_sandbox_id: sb.clone(),
+                port: vec![8080],
+            }))
+            .unwrap()
+            .into_inner()
+            .url;
+        let mut s = Spdy::connect(&url, &["portforward.k8s.io"]).unwrap();
+        s.read_timeout(Some(Duration::from_secs(5)));
+        let err = s.open(&[
+            ("streamtype", "error"),
+            ("port", "8080"),
+            ("requestid", "0"),
+        ]);
+        let data = s.open(&[("streamtype", "data"), ("port", "8080"), ("requestid", "0")]);
+        s.send(err, b"", true);
+        s.send(data, b"ping\n", false);
+        s.read_available(Duration::from_secs(2));
+        if s.text(data).contains("pong") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no answer through port-forward: {:?} / {:?}",
+            s.text(data),
+            s.text(err)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    // Attach to a container's own stdin and stdout.
+    let talker = create(
+        &rt,
+        &mut c,
+        &sb,
+        &p,
+        ctr(
+            "talker",
+            &["sh", "-c", "read x; echo heard $x; sleep 1000"],
+            serde_json::json!({"stdin": true, "stdin_once": true,
+                "linux": {"security_context": {"namespace_options": {"pid": 1}}}}),
+        ),
+    )
+    .unwrap();
+    start(&rt, &mut c, &talker);
+    let url = rt
+        .block_on(c.attach(cri::AttachRequest {
+            container_id: talker.clone(),
+            stdin: true,
+            tty: false,
+            stdout: true,
+            stderr: true,
+        }))
+        .unwrap()
+        .into_inner()
+        .url;
+    let mut s = Spdy::connect(&url, &["v4.channel.k8s.io"]).unwrap();
+    s.read_timeout(Some(Duration::from_secs(10)));
+    let _err = s.open(&[("streamtype", "error")]);
+    let stdin = s.open(&[("streamtype", "stdin")]);
+    let stdout = s.open(&[("streamtype", "stdout")]);
+    let _stderr = s.open(&[("streamtype", "stderr")]);
+    s.send(stdin, b"you\n", true);
+    s.wait_for(stdout, "heard you");
+    drop(s);
+
+    // The pod reaches its gateway (the bridge's address on the host, on the test's own
+    // subnet).
+    let gw = format!("{}1", env.subnet_prefix);
+    let listener = std::net::TcpListener::bind((gw.as_str(), 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // The host side reads what arrives and closes, which ends the pod's nc.
+    listener.set_nonblocking(true).unwrap();
+    let host = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let mut conn = loop {
+            match listener.accept() {
+                Ok((conn, _)) => break conn,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                Err(_) => return "no connection".to_string(),
+            }
+        };
+        conn.set_nonblocking(false).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut got = String::new();
+        let _ = conn.read_to_string(&mut got);
+        got
+    });
+    let out = exec(
+        &rt,
+        &mut c,
+        &srv,
+        &format!("echo from-pod | nc {gw} {port}; echo sent"),
+    );
+    assert!(out.contains("sent"), "{out}");
+    let got = host.join().unwrap();
+    assert_eq!(got, "from-pod\n");
+
+    // A container whose command does not exist: the error names the step and carries runsc's
+    // own message about the command.
+    let e = create(
+        &rt,
+        &mut c,
+        &sb,
+        &p,
+        own_pid("bad", &["/nonexistent-binary"]),
+    )
+    .and_then(|id| {
+        rt.block_on(c.start_container(cri::StartContainerRequest { container_id: id }))
+            .map(drop)
+    })
+    .unwrap_err();
+    let msg = e.message();
+    assert!(
+        (msg.contains("create container") || msg.contains("start container"))
+            && msg.contains("/nonexistent-binary"),
+        "{msg}"
+    );
+
+    remove_pod(&rt, &mut c, &sb);
+    env.assert_no_leaks();
 }

@@ -217,3 +217,66 @@ fn container_with_a_terminal_attach_and_resize() {
     env.assert_no_leaks();
     drop(tokio);
 }
+
+/// stdin_once: input and the end of input that reach the monitor in one read are both
+/// delivered, the input first (the close used to win and drop the input).
+#[test]
+fn stdin_and_its_end_in_one_read_are_both_delivered() {
+    use sandboxd_shim_common::attach::{
+        frame, parse_header, CLOSE_STDIN, HEADER_LEN, STDIN, STDOUT,
+    };
+    use std::io::{Read, Write};
+    let env = Env::new("st-once");
+    let rt = env.runtime();
+    rt.images()
+        .import(&busybox::oci_layout(&env.base, IMAGE), None)
+        .unwrap();
+    let sb = rt.run_pod_sandbox(&env.pod("st-once", false)).unwrap();
+    let c = ContainerConfig {
+        metadata: sandboxd::ContainerMetadata {
+            name: "once".into(),
+            attempt: 0,
+        },
+        image: IMAGE.into(),
+        command: vec![
+            "sh".into(),
+            "-c".into(),
+            "read x; echo heard $x; cat; echo eof".into(),
+        ],
+        stdin: true,
+        stdin_once: true,
+        ..Default::default()
+    };
+    let id = rt.create_container(&sb, &c).unwrap();
+    rt.start_container(&id).unwrap();
+    let socket = rt.container_status(&id).unwrap().attach_socket.unwrap();
+    let mut s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // Both frames in one write: the monitor reads them together.
+    let mut both = frame(STDIN, b"you\n");
+    both.extend(frame(CLOSE_STDIN, b""));
+    s.write_all(&both).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !String::from_utf8_lossy(&out).contains("eof") {
+        assert!(
+            Instant::now() < deadline,
+            "got {:?}",
+            String::from_utf8_lossy(&out)
+        );
+        let mut h = [0u8; HEADER_LEN];
+        if s.read_exact(&mut h).is_err() {
+            break;
+        }
+        let (kind, len) = parse_header(h);
+        let mut p = vec![0u8; len];
+        s.read_exact(&mut p).unwrap();
+        if kind == STDOUT {
+            out.extend(p);
+        }
+    }
+    // The input reached the process, and the end of input reached `cat`.
+    assert_eq!(String::from_utf8_lossy(&out), "heard you\neof\n");
+    rt.remove_pod_sandbox(&sb).unwrap();
+    env.assert_no_leaks();
+}

@@ -27,6 +27,9 @@ pub struct Attach {
     stdin_pending: Vec<u8>,
     /// `once`: the first client that wrote stdin going away (or closing it) closes it.
     stdin_once: bool,
+    /// Stdin is to be closed once the container has taken what is pending (input that came
+    /// in the same read as the close is still delivered).
+    stdin_closing: bool,
 }
 
 impl Attach {
@@ -42,6 +45,7 @@ impl Attach {
             stdin,
             stdin_pending: Vec::new(),
             stdin_once: stdin_mode == StdinMode::Once,
+            stdin_closing: false,
         }
     }
 
@@ -110,7 +114,7 @@ impl Attach {
                         }
                     }
                     CLOSE_STDIN if self.stdin_once && terminal.is_none() && c.owns_stdin => {
-                        self.stdin = None
+                        self.stdin_closing = true
                     }
                     RESIZE => {
                         if let (Some(t), Some((w, h))) = (terminal, attach::parse_resize(&payload))
@@ -124,7 +128,7 @@ impl Attach {
         }
         // stdin_once: the first client that wrote stdin going away closes it.
         if self.stdin_once && self.clients.iter().any(|c| c.gone && c.owns_stdin) {
-            self.stdin = None;
+            self.stdin_closing = true;
         }
         self.clients.retain(|c| !c.gone);
         self.write_stdin();
@@ -152,6 +156,9 @@ impl Attach {
             }
             Some(_) => {}
             None => self.stdin_pending.clear(),
+        }
+        if self.stdin_closing && self.stdin_pending.is_empty() {
+            self.stdin = None;
         }
     }
 
