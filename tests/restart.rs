@@ -321,3 +321,43 @@ fn crash_while_starting_stopping_removing_a_container() {
         env.assert_no_leaks();
     }
 }
+
+/// kill -9 of the daemon mid-RunPodSandbox of a gVisor pod: at each step up to the started
+/// sandbox, a new Runtime rolls the half-made pod back (or keeps the ready one) like a runc
+/// pod's, and after remove nothing — no runsc sandbox, netns, veth or IPAM entry — is left.
+#[test]
+fn crash_mid_run_of_a_gvisor_pod() {
+    if !sh_ok("command -v runsc").0 {
+        eprintln!("skipped: runsc is not installed (scripts/setup installs Debian's runsc)");
+        return;
+    }
+    let env = Env::new("crashgv");
+    for (i, fp) in [
+        "run:netns",
+        "run:cni-add",
+        "run:infra-created",
+        "run:infra-started",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut pod = env.pod(&format!("crashgv{i}"), false);
+        pod.runtime_handler = "runsc".into();
+        crash_child_at(
+            &env,
+            fp,
+            &[("CRASH_POD", serde_json::to_string(&pod).unwrap())],
+        );
+        let rt = env.runtime();
+        let list = rt.list_pod_sandboxes(&SandboxFilter::default());
+        assert!(
+            list.is_empty() || (list.len() == 1 && list[0].state == SandboxState::Ready),
+            "{fp}: {list:?}"
+        );
+        env.remove_all(&rt);
+        drop(rt);
+        env.assert_no_leaks();
+        let left = processes_mentioning(&env.base.to_string_lossy());
+        assert!(left.is_empty(), "{fp}: processes left: {left:?}");
+    }
+}
