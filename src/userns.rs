@@ -73,6 +73,7 @@ impl NsChild {
                 child(
                     report_w.as_raw_fd(),
                     go_r.as_raw_fd(),
+                    [report_r.as_raw_fd(), go_w.as_raw_fd()],
                     flags,
                     host.as_deref(),
                 )
@@ -177,12 +178,17 @@ impl Drop for NsChild {
 unsafe fn child(
     report: libc::c_int,
     go: libc::c_int,
+    parent_ends: [libc::c_int; 2],
     flags: libc::c_int,
     hostname: Option<&std::ffi::CStr>,
 ) -> ! {
     // SAFETY: see the function's contract: raw syscalls on locals and on memory prepared
     // before the fork.
     unsafe {
+        // The parent's ends: closed here, so that the parent closing its go end is our EOF.
+        for fd in parent_ends {
+            libc::close(fd);
+        }
         // Reports a failed step (and exits), or the two steps the parent waits for.
         let say = |step: u8, ok: bool| {
             if ok && step != STEP_USERNS && step != STEP_READY {
