@@ -122,6 +122,10 @@ pub(crate) type PullCell = std::sync::OnceLock<std::result::Result<image::ImageR
 
 pub(crate) use state::lock;
 
+/// A list re-checks a container the exit watcher covers only when the watcher's own sweep
+/// (every [`events::watch::SWEEP`]) has not for this long.
+const LIST_RECHECK_MS: u64 = 15_000;
+
 impl Runtime {
     /// Opens (or creates) the state root, prepares the namespace dirs and the infra rootfs,
     /// then restores every recorded sandbox: half-created ones are rolled back, the rest are
@@ -358,7 +362,7 @@ impl Runtime {
         let entries: Vec<_> = lock(&self.registry).containers.values().cloned().collect();
         let mut out: Vec<ContainerRecord> = entries
             .iter()
-            .map(|e| container::status::refresh_within(self, e, 1000))
+            .map(|e| container::status::refresh_within(self, e, LIST_RECHECK_MS))
             .filter(|r| filter.matches(r))
             .collect();
         out.sort_by_key(|r| (r.created_at, r.id.clone()));

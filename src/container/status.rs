@@ -30,9 +30,10 @@ pub(crate) fn refresh(rt: &Runtime, entry: &ContainerEntry) -> ContainerRecord {
     refresh_within(rt, entry, 0)
 }
 
-/// [`refresh`] for lists: a container whose exit the exit watcher folds in as it happens is
-/// checked against the host (its exit file, a dead monitor) at most every `interval_ms`, so
-/// that a list of a thousand containers does not open two thousand files.
+/// [`refresh`] for lists: a container whose exit the exit watcher folds in as it happens (and
+/// whose monitor it checks on its sweep) is checked against the host (its exit file, a dead
+/// monitor) only when nothing has for `interval_ms`, so that a list of a thousand containers
+/// does not open two thousand files.
 pub(crate) fn refresh_within(
     rt: &Runtime,
     entry: &ContainerEntry,

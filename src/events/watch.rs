@@ -140,15 +140,29 @@ impl ExitWatcher {
     }
 }
 
+/// How often the watcher also checks every watched container against the host (a monitor
+/// that died without writing the exit file leaves no event): off the request path, so lists
+/// need not.
+pub const SWEEP: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn run<T>(shared: &Shared, owner: Weak<T>, on_exit: impl Fn(&T, &str), stop: OwnedFd) {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut last_sweep = std::time::Instant::now();
     loop {
+        if last_sweep.elapsed() >= SWEEP {
+            last_sweep = std::time::Instant::now();
+            let ids: Vec<String> = lock(&shared.watches).by_id.keys().cloned().collect();
+            let Some(o) = owner.upgrade() else { return };
+            for id in ids {
+                on_exit(&o, &id);
+            }
+        }
         let ready = {
             let mut fds = [
                 PollFd::new(shared.inotify.as_fd(), PollFlags::POLLIN),
                 PollFd::new(stop.as_fd(), PollFlags::POLLIN),
             ];
-            match poll(&mut fds, PollTimeout::NONE) {
+            match poll(&mut fds, PollTimeout::from(SWEEP.as_millis() as u16)) {
                 Ok(_) => {}
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => {
