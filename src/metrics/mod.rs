@@ -232,7 +232,15 @@ impl Runtime {
     /// runs (a sandboxed runtime keeps every container in its sandbox's cgroup) — what the
     /// runtime measures (`events --stats`).
     fn usage_of_container(&self, record: ContainerRecord, depth: Depth) -> ContainerUsage {
-        let (bytes, inodes, at) = self.fs_usage.get(&record.id, &record.upper_dir());
+        // Stats take the last measurement (refreshed in the background); metrics, scraped
+        // less often and read as cAdvisor's, walk the layer now.
+        let (bytes, inodes, at) = match depth {
+            Depth::Stats => self.fs_usage.get(&record.id, &record.upper_dir()),
+            Depth::Metrics => {
+                let (b, i) = crate::state::disk_usage(&record.upper_dir());
+                (b, i, crate::state::now_nanos())
+            }
+        };
         let mut cgroup = match depth {
             Depth::Metrics => crate::cgroups::detail(&record.cgroup),
             Depth::Stats => crate::cgroups::usage(&record.cgroup).into(),
