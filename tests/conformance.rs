@@ -100,15 +100,7 @@ fn exec_sync_timeout_kills_and_reaps() {
         serde_json::json!({"linux": {"security_context": {"namespace_options": {"pid": "POD"}}}}),
     );
     let sb = run_pod(&rt, &mut c, &p);
-    let id = create(
-        &rt,
-        &mut c,
-        &sb,
-        &p,
-        ctr("idle", &["sleep", "1000"], serde_json::json!({})),
-    )
-    .unwrap();
-    start(&rt, &mut c, &id);
+    let id = sleeper(&rt, &mut c, &sb, &p, "idle");
     let t = Instant::now();
     let e = rt
         .block_on(c.exec_sync(cri::ExecSyncRequest {
@@ -342,15 +334,7 @@ fn sysctls_through_the_cri() {
         serde_json::json!({"linux": {"sysctls": {"net.ipv4.ip_unprivileged_port_start": "0", "kernel.shm_rmid_forced": "1"}}}),
     );
     let sb = run_pod(&rt, &mut c, &p);
-    let id = create(
-        &rt,
-        &mut c,
-        &sb,
-        &p,
-        ctr("s", &["sleep", "1000"], serde_json::json!({})),
-    )
-    .unwrap();
-    start(&rt, &mut c, &id);
+    let id = sleeper(&rt, &mut c, &sb, &p, "s");
     let out = exec(
         &rt,
         &mut c,

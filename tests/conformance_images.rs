@@ -112,15 +112,7 @@ fn checkpoint_with_criu_or_its_reason() {
     let (_d, rt, mut c) = daemon(&env);
     let p = pod("ckpt", serde_json::json!({}));
     let sb = run_pod(&rt, &mut c, &p);
-    let id = create(
-        &rt,
-        &mut c,
-        &sb,
-        &p,
-        ctr("c", &["sleep", "1000"], serde_json::json!({})),
-    )
-    .unwrap();
-    start(&rt, &mut c, &id);
+    let id = sleeper(&rt, &mut c, &sb, &p, "c");
     exec(&rt, &mut c, &id, "echo kept > /written");
     let location = env.base.join("ckpt.tar");
     let r = rt.block_on(c.checkpoint_container(cri::CheckpointContainerRequest {

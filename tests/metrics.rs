@@ -222,15 +222,7 @@ fn prometheus_endpoint() {
     let mut c = rt.block_on(client(&d.socket));
     let p = pod("prom", serde_json::json!({}));
     let sb = run_pod(&rt, &mut c, &p);
-    let id = create(
-        &rt,
-        &mut c,
-        &sb,
-        &p,
-        ctr("s", &["sleep", "1000"], serde_json::json!({})),
-    )
-    .unwrap();
-    start(&rt, &mut c, &id);
+    sleeper(&rt, &mut c, &sb, &p, "s");
     for _ in 0..2 {
         let e = rt
             .block_on(c.container_status(cri::ContainerStatusRequest {

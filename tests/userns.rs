@@ -200,15 +200,7 @@ fn user_namespaces_in_pods() {
         serde_json::json!({"linux": {"security_context": {"namespace_options": {"pid": "POD", "userns_options": userns}}}}),
     );
     let sb = run_pod(&rt, &mut c, &p);
-    let id = create(
-        &rt,
-        &mut c,
-        &sb,
-        &p,
-        ctr("u", &["sleep", "1000"], serde_json::json!({})),
-    )
-    .unwrap();
-    start(&rt, &mut c, &id);
+    let id = sleeper(&rt, &mut c, &sb, &p, "u");
     let out = exec(&rt, &mut c, &id, "cat /proc/1/uid_map; cat /proc/1/cmdline");
     assert!(
         out.contains(&HOST.to_string()) && out.contains("/pause"),

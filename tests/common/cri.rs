@@ -82,6 +82,26 @@ pub fn create(
     .map(|r| r.into_inner().container_id)
 }
 
+/// A started `sleep 1000` container named `name` in pod `sb` (config `p`).
+pub fn sleeper(
+    rt: &tokio::runtime::Runtime,
+    c: &mut Client,
+    sb: &str,
+    p: &cri::PodSandboxConfig,
+    name: &str,
+) -> String {
+    let id = create(
+        rt,
+        c,
+        sb,
+        p,
+        ctr(name, &["sleep", "1000"], serde_json::json!({})),
+    )
+    .unwrap();
+    start(rt, c, &id);
+    id
+}
+
 pub fn start(rt: &tokio::runtime::Runtime, c: &mut Client, id: &str) {
     rt.block_on(c.start_container(cri::StartContainerRequest {
         container_id: id.into(),
