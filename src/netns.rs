@@ -121,7 +121,8 @@ fn enter_and_mount(
     let result = (|| {
         if let Some((_, map)) = &req.user {
             // Owned by a new user namespace: made by a child process (see `userns`).
-            return crate::userns::pin(map, targets, req.hostname.as_deref());
+            let others = (flags - CloneFlags::CLONE_NEWUSER).bits();
+            return crate::userns::pin(map, targets, others, req.hostname.as_deref());
         }
         nix::sched::unshare(flags)
             .map_err(|e| HostError::sys("unshare namespaces for", &targets[0].0, e))?;

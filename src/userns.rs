@@ -253,23 +253,15 @@ unsafe fn loopback_up_raw() -> bool {
     }
 }
 
-/// Makes the pod's user namespace with `map` and, owned by it, the other namespaces in
-/// `targets` (`net` with lo up, `ipc`, `uts` with `hostname` set), and bind-mounts each onto
-/// its (existing, empty) file; `targets` names the `user` file too.
+/// Makes the pod's user namespace with `map` and, owned by it, the namespaces in `flags`
+/// (`CLONE_NEWNET` with lo up, `CLONE_NEWIPC`, `CLONE_NEWUTS` with `hostname` set), and
+/// bind-mounts each of `targets` (the `user` file too) onto its (existing, empty) file.
 pub fn pin(
     map: &IdMap,
     targets: &[(PathBuf, &'static str)],
+    flags: libc::c_int,
     hostname: Option<&str>,
 ) -> Result<(), HostError> {
-    let mut flags = 0;
-    for (_, kind) in targets {
-        flags |= match *kind {
-            "net" => libc::CLONE_NEWNET,
-            "ipc" => libc::CLONE_NEWIPC,
-            "uts" => libc::CLONE_NEWUTS,
-            _ => 0,
-        };
-    }
     let c = NsChild::spawn(map, flags, hostname)?;
     for (p, kind) in targets {
         mount(

@@ -156,6 +156,7 @@ pub(crate) fn unregister(rt: &Runtime, entry: &ContainerEntry) {
         (r.id.clone(), r.name.clone())
     };
     rt.exit_watch.remove(&id);
+    rt.fs_usage.forget(&id);
     let mut reg = lock(&rt.registry);
     reg.containers.remove(&id);
     reg.container_ids.remove(&id);

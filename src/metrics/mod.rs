@@ -103,16 +103,15 @@ impl FsUsageCache {
             }
             None => {
                 let u = FsUsage::now(upper);
-                let mut m = crate::lock(&self.map);
-                // Containers come and go: drop what nobody asked about for a while.
-                if m.len() % 256 == 255 {
-                    let ttl = self.ttl;
-                    m.retain(|_, u| u.measured.elapsed() < ttl * 6);
-                }
-                m.insert(id.to_string(), u);
+                crate::lock(&self.map).insert(id.to_string(), u);
                 (u.bytes, u.inodes, u.at)
             }
         }
+    }
+
+    /// Forgets container `id` (removed).
+    pub(crate) fn forget(&self, id: &str) {
+        crate::lock(&self.map).remove(id);
     }
 
     /// Queues `id` for the refresher (bounded: a full queue drops it, the next call asks
