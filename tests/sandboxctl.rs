@@ -345,3 +345,160 @@ fn sandboxctl_exec_interactive_and_port_forward() {
     ctl(&["rmp", &pod_id]);
     env.assert_no_leaks();
 }
+
+/// A pull in flight is visible layer by layer: `ImageStatus` with `verbose` carries
+/// `info["pullProgress"]` (bytes received of each layer's size, rising, never past it), gone
+/// once the pull ends; and `sandboxctl pull` on a terminal draws a bar per layer from it,
+/// while off a terminal it prints only the result.
+#[test]
+fn sandboxctl_pull_shows_layer_progress() {
+    use common::busybox::{self, Entry};
+    use common::fake_registry::{Answer, FakeRegistry};
+    let env = Env::new("e2eprog");
+    // Two incompressible 1 MiB layers, sent 64 KiB every 60 ms (~1 s each), and busybox.
+    let noise = |seed: u32| -> Vec<u8> {
+        let mut x = seed.wrapping_mul(2654435761) | 1;
+        (0..1 << 20)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect()
+    };
+    let gz = |tar: &[u8]| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut e, tar).unwrap();
+        e.finish().unwrap()
+    };
+    let (n1, n2) = (noise(1), noise(2));
+    let tars = [
+        busybox::layer_tar(),
+        busybox::layer_of(&[Entry::File("noise1", &n1)]),
+        busybox::layer_of(&[Entry::File("noise2", &n2)]),
+    ];
+    let blobs: Vec<Vec<u8>> = tars.iter().map(|t| gz(t)).collect();
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64", "os": "linux", "config": {"Cmd": ["sh"]},
+        "rootfs": {"type": "layers", "diff_ids": tars.iter().map(|t| busybox::sha(t)).collect::<Vec<_>>()},
+    }))
+    .unwrap();
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": busybox::sha(&config), "size": config.len()},
+        "layers": blobs.iter().map(|b| serde_json::json!({
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": busybox::sha(b), "size": b.len()})).collect::<Vec<_>>(),
+    }))
+    .unwrap();
+    let sizes: Vec<u64> = blobs.iter().map(|b| b.len() as u64).collect();
+    let digests: Vec<String> = blobs.iter().map(|b| busybox::sha(b)).collect();
+    let fake = {
+        let (blobs, config, manifest) = (blobs.clone(), config.clone(), manifest.clone());
+        FakeRegistry::start(move |path| {
+            if path.ends_with("/manifests/1") {
+                return Some(Answer::json(
+                    manifest.clone(),
+                    "application/vnd.oci.image.manifest.v1+json",
+                ));
+            }
+            if path.ends_with(&busybox::sha(&config)) {
+                return Some(Answer::json(config.clone(), "application/octet-stream"));
+            }
+            let b = blobs.iter().find(|b| path.ends_with(&busybox::sha(b)))?;
+            let mut a = Answer::json(b.clone(), "application/octet-stream");
+            a.pace = Some((64 << 10, Duration::from_millis(60)));
+            Some(a)
+        })
+    };
+    let d = Daemon::start(&env);
+    let ep = format!("unix://{}", d.socket.display());
+    let image = format!("{}/x/slow:1", fake.addr);
+    let rt = common::daemon::rt();
+    let mut images = rt.block_on(async {
+        k8s_cri::v1::image_service_client::ImageServiceClient::new(
+            common::daemon::channel(&d.socket).await,
+        )
+    });
+    let progress = |images: &mut k8s_cri::v1::image_service_client::ImageServiceClient<_>| {
+        let r = rt
+            .block_on(images.image_status(cri::ImageStatusRequest {
+                image: Some(cri::ImageSpec {
+                    image: image.clone(),
+                    ..Default::default()
+                }),
+                verbose: true,
+            }))
+            .unwrap()
+            .into_inner();
+        r.info
+            .get("pullProgress")
+            .map(|j| serde_json::from_str::<serde_json::Value>(j).unwrap())
+    };
+    assert!(progress(&mut images).is_none());
+    // sandboxctl under `script`, so that its stderr is a terminal.
+    let cmd = format!("{} -r {ep} pull {image}", env!("CARGO_BIN_EXE_sandboxctl"));
+    let pull = std::process::Command::new("script")
+        .args(["-qefc", &cmd, "/dev/null"])
+        .env("TERM", "xterm")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut seen: Vec<serde_json::Value> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        match progress(&mut images) {
+            Some(p) => seen.push(p),
+            None if !seen.is_empty() => break,
+            None => {}
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = pull.wait_with_output().unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{shown}");
+    // The daemon's view: every layer listed with the manifest's size, bytes rising.
+    let with_layers: Vec<&serde_json::Value> = seen
+        .iter()
+        .filter(|p| p["layers"].as_array().is_some_and(|l| l.len() == 3))
+        .collect();
+    assert!(with_layers.len() >= 3, "{seen:?}");
+    for p in &with_layers {
+        assert_eq!(p["image"], serde_json::json!(image));
+        for (i, l) in p["layers"].as_array().unwrap().iter().enumerate() {
+            assert_eq!(l["digest"], serde_json::json!(digests[i]));
+            assert_eq!(l["size"], serde_json::json!(sizes[i]));
+            assert!(l["received"].as_u64().unwrap() <= sizes[i], "{l}");
+        }
+    }
+    let received = |p: &serde_json::Value| p["layers"][1]["received"].as_u64().unwrap();
+    let partial: Vec<u64> = with_layers
+        .iter()
+        .map(|p| received(p))
+        .filter(|r| *r > 0 && *r < sizes[1])
+        .collect();
+    assert!(partial.len() >= 2, "no partial progress seen: {seen:?}");
+    assert!(partial.windows(2).all(|w| w[0] <= w[1]), "{partial:?}");
+    assert!(with_layers
+        .iter()
+        .any(|p| p["layers"][1]["state"] == serde_json::json!("downloading")));
+    assert!(progress(&mut images).is_none());
+    // The terminal's view: a bar per layer by short digest, and the result.
+    for dg in &digests {
+        assert!(shown.contains(&dg[7..19]), "no bar for {dg}: {shown}");
+    }
+    assert!(shown.contains("Image is up to date for sha256:"), "{shown}");
+    assert!(
+        shown.contains("MiB") && shown.contains("] ") && shown.contains(" done"),
+        "{shown}"
+    );
+    // A re-pull of a tag whose layers are all here fetches none of them.
+    let out = sandboxctl(&ep, &["pull", &image]).output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).is_empty());
+    drop(d);
+    env.assert_no_leaks();
+}

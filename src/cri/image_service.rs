@@ -38,11 +38,25 @@ impl ImageService for CriService {
         let req = req.into_inner();
         let name = req.image.map(|i| i.image).unwrap_or_default();
         let n = name.clone();
-        let img = self
-            .blocking("ImageStatus", &name, move |rt| Ok(rt.images().get(&n)))
+        let verbose = req.verbose;
+        let (img, pulling) = self
+            .blocking("ImageStatus", &name, move |rt| {
+                // A pull in flight shows its per-layer progress (what `sandboxctl pull` draws).
+                let pulling = verbose
+                    .then(|| crate::image::reference::Reference::parse(&n).ok())
+                    .flatten()
+                    .and_then(|r| rt.images().pulls.get(&r.full()));
+                Ok((rt.images().get(&n), pulling))
+            })
             .await?;
         // An unknown image is an empty answer, not an error (kubelet then pulls it).
-        let info = verbose_info(req.verbose, img.as_ref());
+        let mut info = verbose_info(verbose, img.as_ref());
+        if let Some(p) = pulling {
+            info.insert(
+                "pullProgress".to_string(),
+                serde_json::to_string(&p).unwrap_or_default(),
+            );
+        }
         Ok(Response::new(cri::ImageStatusResponse {
             image: img.as_ref().map(image::image_to_cri),
             info,

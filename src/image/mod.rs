@@ -1,9 +1,11 @@
 //! Images: references (`reference.rs`), the content store (`store.rs`), layer unpacking
 //! (`unpack.rs`), imports from archives and layouts (`archive.rs`), and pulls (`pull.rs`)
-//! through a bounded registry client (`registry.rs`).
+//! through a bounded registry client (`registry.rs`), with their progress (`progress.rs`).
 
 #[doc(hidden)]
 pub mod archive;
+#[doc(hidden)]
+pub mod progress;
 #[doc(hidden)]
 pub mod pull;
 #[doc(hidden)]

@@ -5,10 +5,12 @@
 //! are fetched with size bounds and verified; then the layers this store does not have yet
 //! are downloaded concurrently (bounded), each streamed once through its size and digest
 //! check, decompression and unpacking (no second pass, no temp copy), and committed only once
-//! both its digest and its diff id verified. Foreign layer URLs are never fetched.
+//! both its digest and its diff id verified. Foreign layer URLs are never fetched. Each pull
+//! reports what it has received so far (`progress.rs`) and logs its bytes, time and rate.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -17,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::Digest;
 
+use super::progress::{LayerProgress, LayerState, PullProgress};
 use super::reference::Reference;
 use super::registry::{api_host, Creds, Registry, RegistryError};
 use super::store::{parse_config, ImageStore, NewImage, MAX_DOCUMENT};
@@ -167,11 +170,12 @@ pub async fn pull(
         None => Vec::new(),
     };
     let started = Instant::now();
+    let tracked = store.pulls.begin(&r.full());
     let mut last: Option<Error> = None;
     let mut tried = Vec::new();
     for (host, http) in endpoints(&r, registries) {
         let creds = auth.for_endpoint(&host, &r.domain);
-        match pull_from(store, &r, &host, http, creds, &ca).await {
+        match pull_from(store, &tracked.progress, &r, &host, http, creds, &ca).await {
             Ok((rec, bytes)) => {
                 let secs = started.elapsed().as_secs_f64();
                 tracing::info!(
@@ -286,6 +290,7 @@ async fn resolve(
 
 async fn pull_from(
     store: &ImageStore,
+    progress: &PullProgress,
     r: &Reference,
     host: &str,
     http: bool,
@@ -336,13 +341,23 @@ async fn pull_from(
         blobs.push(manifest_digest.clone());
     }
     size += layers.iter().map(|l| l.size).sum::<u64>();
-    let missing: Vec<(LayerDesc, String)> = layers
+    let present: Vec<bool> = parsed.diff_ids.iter().map(|d| store.has_layer(d)).collect();
+    let trackers = progress.set_layers(
+        layers
+            .iter()
+            .zip(&present)
+            .map(|(l, p)| (l.digest.clone(), l.size, *p)),
+    );
+    let missing: Vec<(LayerDesc, String, Arc<LayerProgress>)> = layers
         .iter()
         .cloned()
         .zip(parsed.diff_ids.iter().cloned())
-        .filter(|(_, diff_id)| !store.has_layer(diff_id))
+        .zip(trackers)
+        .zip(present)
+        .filter(|(_, present)| !present)
+        .map(|(((l, d), t), _)| (l, d, t))
         .collect();
-    if let Some(l) = missing.iter().find(|(l, _)| l.foreign) {
+    if let Some(l) = missing.iter().find(|(l, _, _)| l.foreign) {
         return Err(PullError::Local(Error::InvalidArgument(format!(
             "image {}: layer {} is a foreign layer ({}); its URLs are never fetched",
             r.full(),
@@ -351,7 +366,7 @@ async fn pull_from(
         ))));
     }
     // The compressed sizes alone must fit in what is free above the reserve.
-    let need: u64 = missing.iter().map(|(l, _)| l.size).sum();
+    let need: u64 = missing.iter().map(|(l, _, _)| l.size).sum();
     if let Some(free) = super::unpack::free_bytes(&store.dir) {
         if free < need.saturating_add(store.cfg.min_free_bytes) {
             return Err(PullError::Local(Error::ResourceExhausted(format!(
@@ -362,11 +377,20 @@ async fn pull_from(
             ))));
         }
     }
-    let downloaded: u64 = missing.iter().map(|(l, _)| l.size).sum();
+    let downloaded: u64 = missing.iter().map(|(l, _, _)| l.size).sum();
     let results: Vec<std::result::Result<Option<String>, PullError>> =
-        futures_util::stream::iter(missing.into_iter().map(|(l, diff_id)| {
+        futures_util::stream::iter(missing.into_iter().map(|(l, diff_id, t)| {
             let reg = &reg;
-            async move { fetch_layer(store, reg, &l, &diff_id).await }
+            async move {
+                t.set(LayerState::Downloading);
+                let r = fetch_layer(store, reg, &l, &diff_id, &t).await;
+                t.set(if r.is_ok() {
+                    LayerState::Done
+                } else {
+                    LayerState::Failed
+                });
+                r
+            }
         }))
         .buffer_unordered(store.cfg.max_concurrent_downloads.max(1))
         .collect()
@@ -432,6 +456,7 @@ async fn fetch_layer(
     reg: &Registry,
     l: &LayerDesc,
     diff_id: &str,
+    progress: &LayerProgress,
 ) -> std::result::Result<Option<String>, PullError> {
     let started = Instant::now();
     let mut resp = reg.blob(&l.digest).await?;
@@ -483,6 +508,7 @@ async fn fetch_layer(
                 Err(e) => return Err(format!("layer {}: {e}", l.digest)),
             };
             got += c.len() as u64;
+            progress.received(c.len() as u64);
             if got > l.size {
                 return Err(format!(
                     "layer {}: the registry sent more than the {} bytes the manifest says",

@@ -103,6 +103,8 @@ pub struct ImageStore {
     /// Layers and blobs that work in flight (a pull, an import, a container being created)
     /// relies on before any record names them: collection leaves them alone.
     pins: Arc<Mutex<HashMap<String, usize>>>,
+    /// The pulls in flight and what each has received (`ImageStatus` verbose shows it).
+    pub pulls: Arc<super::progress::Pulls>,
 }
 
 /// Keeps digests pinned until dropped.
@@ -241,6 +243,7 @@ impl ImageStore {
             dir,
             cfg,
             pins: Arc::default(),
+            pulls: Arc::default(),
         })
     }
 

@@ -1,6 +1,7 @@
 //! A registry that misbehaves on purpose (fault injection for the pull's bounds): a plain
 //! HTTP/1.1 server on 127.0.0.1 that answers each path with what the test says, including
-//! lies a real registry would not tell (a body longer than its descriptor, a huge manifest).
+//! lies a real registry would not tell (a body longer than its descriptor, a huge manifest),
+//! and slow links (a body paced out in chunks).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
@@ -13,6 +14,8 @@ pub struct Answer {
     pub content_type: String,
     pub body: Arc<Vec<u8>>,
     pub content_length: bool,
+    /// Sends the body this many bytes at a time with this pause between (a slow link).
+    pub pace: Option<(usize, std::time::Duration)>,
 }
 
 impl Answer {
@@ -22,6 +25,7 @@ impl Answer {
             content_type: content_type.into(),
             body: Arc::new(body),
             content_length: true,
+            pace: None,
         }
     }
 }
@@ -64,7 +68,19 @@ impl FakeRegistry {
                             }
                             head += "\r\n";
                             let _ = w.write_all(head.as_bytes());
-                            let _ = w.write_all(&a.body);
+                            match a.pace {
+                                None => {
+                                    let _ = w.write_all(&a.body);
+                                }
+                                Some((n, pause)) => {
+                                    for c in a.body.chunks(n.max(1)) {
+                                        if w.write_all(c).and_then(|_| w.flush()).is_err() {
+                                            break;
+                                        }
+                                        std::thread::sleep(pause);
+                                    }
+                                }
+                            }
                         }
                         None => {
                             let _ = w.write_all(

@@ -113,18 +113,41 @@ pub async fn pull(
         registry_token: registry_token.unwrap_or_default(),
         ..Default::default()
     });
-    let r = images_client(ch)
-        .pull_image(cri::PullImageRequest {
-            image: Some(cri::ImageSpec {
-                image: image.clone(),
-                ..Default::default()
-            }),
-            auth,
-            sandbox_config: None,
-        })
-        .await
-        .map_err(|s| grpc_err("PullImage", s))?
-        .into_inner();
+    let spec = cri::ImageSpec {
+        image: image.clone(),
+        ..Default::default()
+    };
+    let mut pulling = images_client(ch);
+    let call = pulling.pull_image(cri::PullImageRequest {
+        image: Some(spec.clone()),
+        auth,
+        sandbox_config: None,
+    });
+    tokio::pin!(call);
+    // On a terminal, per-layer bars follow the daemon's pull while the call runs.
+    let mut bars = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        .then(|| crate::progress::Bars::new(&image));
+    let mut status = images_client(ch);
+    let r = loop {
+        tokio::select! {
+            r = &mut call => break r,
+            _ = tokio::time::sleep(crate::progress::POLL), if bars.is_some() => {
+                let s = status
+                    .image_status(cri::ImageStatusRequest { image: Some(spec.clone()), verbose: true })
+                    .await;
+                let progress = s.ok().and_then(|s| {
+                    serde_json::from_str(s.get_ref().info.get("pullProgress")?).ok()
+                });
+                if let (Some(b), Some(p)) = (bars.as_mut(), progress) {
+                    b.update(&p);
+                }
+            }
+        }
+    };
+    if let Some(b) = bars {
+        b.finish(r.is_ok());
+    }
+    let r = r.map_err(|s| grpc_err("PullImage", s))?.into_inner();
     println!("Image is up to date for {}", r.image_ref);
     Ok(())
 }

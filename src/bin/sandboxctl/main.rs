@@ -16,6 +16,7 @@ mod images;
 mod info;
 mod output;
 mod pods;
+mod progress;
 mod scale;
 mod streams;
 
