@@ -120,6 +120,11 @@ pub struct Config {
     /// and containerd does — kubelet has stopped them gracefully before.
     #[serde(with = "secs")]
     pub stop_grace: Duration,
+    /// How old a container's measured writable-layer use may get before it is measured again
+    /// in the background (containerd's `stats_collect_period`); stats report the value with
+    /// the time it was measured. Seconds in the config file.
+    #[serde(with = "secs")]
+    pub stats_collect_period: Duration,
     /// Per-registry pull settings (mirrors, plain HTTP), keyed by registry host[:port].
     pub registries: BTreeMap<String, crate::image::RegistryConfig>,
     /// The image store: limits per layer, the free-space reserve, whether compressed layer
@@ -195,6 +200,7 @@ impl Default for Config {
             shm_size: 64 * 1024 * 1024,
             cgroup_parent: "/sandboxd".into(),
             stop_grace: Duration::ZERO,
+            stats_collect_period: crate::metrics::DEFAULT_STATS_PERIOD,
             registries: BTreeMap::new(),
             images: Default::default(),
             streaming: Default::default(),

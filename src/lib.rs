@@ -245,6 +245,7 @@ impl Runtime {
         };
         let root_tag = short_hash(&cfg.root.to_string_lossy());
         let cfg_budget = cfg.exec_sync_output_budget as usize;
+        let stats_period = cfg.stats_collect_period;
         let (events_backlog, events_max) = (cfg.events_backlog, cfg.events_max_subscribers);
         let images = image::ImageStore::with_config(cfg.root.join("images"), cfg.images.clone())?;
         // What an interrupted pull or import left behind (older than any running one).
@@ -263,7 +264,7 @@ impl Runtime {
             events: Arc::new(events::Hub::new(events_backlog, events_max)),
             metrics: Arc::new(metrics::prom::DaemonMetrics::new()),
             userns_support: std::sync::OnceLock::new(),
-            fs_usage: Default::default(),
+            fs_usage: metrics::FsUsageCache::new(stats_period),
             exit_watch: events::watch::ExitWatcher::new(),
             host,
         })

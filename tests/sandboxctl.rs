@@ -60,7 +60,10 @@ fn sandboxctl_drives_the_daemon() {
 #[test]
 fn sandboxctl_containers_and_images() {
     let env = Env::new("e2ectr");
-    let d = Daemon::start(&env);
+    // Writable layers measured again once a second old (10 s by default).
+    let mut cfg = env.cfg.clone();
+    cfg.stats_collect_period = Duration::from_secs(1);
+    let d = Daemon::start_with(&env, &cfg);
     let ep = format!("unix://{}", d.socket.display());
     let ctl_out = |args: &[&str]| sandboxctl(&ep, args).output().unwrap();
     let ctl = |args: &[&str]| sandboxctl_ok(&ep, args);
@@ -136,15 +139,26 @@ fn sandboxctl_containers_and_images() {
         "-c",
         "head -c 100000 /dev/zero > /tmp/blob",
     ]);
-    let stats: serde_json::Value = serde_json::from_str(&ctl(&["-o", "json", "stats"])).unwrap();
-    // What the container wrote lands in its writable layer.
-    assert!(
-        stats["stats"][0]["writable_layer"]["used_bytes"]["value"]
-            .as_u64()
-            .unwrap()
-            >= 100_000,
-        "{stats}"
-    );
+    // What the container wrote lands in its writable layer, as measured within the period
+    // after it was written; each value carries the time it was measured.
+    let layer = |s: &serde_json::Value| {
+        let w = &s["stats"][0]["writable_layer"];
+        (
+            w["used_bytes"]["value"].as_u64().unwrap(),
+            w["timestamp"].as_i64().unwrap(),
+        )
+    };
+    let first: serde_json::Value = serde_json::from_str(&ctl(&["-o", "json", "stats"])).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let stats = loop {
+        let s: serde_json::Value = serde_json::from_str(&ctl(&["-o", "json", "stats"])).unwrap();
+        if layer(&s).0 >= 100_000 || Instant::now() > deadline {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(layer(&stats).0 >= 100_000, "{first} then {stats}");
+    assert!(layer(&stats).1 > layer(&first).1, "{first} then {stats}");
     assert_eq!(stats["stats"][0]["attributes"]["id"], serde_json::json!(id));
     assert!(
         stats["stats"][0]["memory"]["usage_bytes"]["value"]

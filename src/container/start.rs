@@ -59,6 +59,8 @@ pub(crate) fn start(rt: &Runtime, id: &str) -> Result<()> {
         r.started_at = started;
     })?;
     failpoint::hit("start:recorded");
+    // Measured once now, so that stats never walk a new container's layer in the call.
+    rt.fs_usage.measure_now(&rec.id, &rec.upper_dir());
     rt.emit(EventKind::Started, &rec.id, &rec.sandbox_id);
     tracing::info!(container_id = %rec.id, pid = rec.pid, "container started");
     refresh(rt, &entry);

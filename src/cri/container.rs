@@ -344,7 +344,7 @@ fn stats_with(
     r: &ContainerRecord,
     u: &Usage,
     now: i64,
-    used: (u64, u64, i64),
+    used: Option<crate::metrics::Measured>,
 ) -> cri::ContainerStats {
     let (cpu, memory) = usage_to_cri(u, now);
     cri::ContainerStats {
@@ -356,30 +356,27 @@ fn stats_with(
         }),
         cpu: Some(cpu),
         memory: Some(memory),
-        writable_layer: Some(writable_layer(r, used)),
+        // Not measured yet (just after a daemon restart): absent, as kubelet allows.
+        writable_layer: used.map(|m| writable_layer(r, m)),
         swap: None,
     }
 }
 
 /// Container stats from use already read (for pod stats).
 pub fn stats_of(c: &crate::metrics::ContainerUsage, now: i64) -> cri::ContainerStats {
-    let used = (c.writable_bytes, c.writable_inodes, c.writable_at);
-    stats_with(&c.record, &c.cgroup.usage(), now, used)
+    stats_with(&c.record, &c.cgroup.usage(), now, c.writable)
 }
 
 /// What the container wrote to its rootfs: its overlay upper dir.
-fn writable_layer(
-    r: &ContainerRecord,
-    (bytes, inodes, at): (u64, u64, i64),
-) -> cri::FilesystemUsage {
+fn writable_layer(r: &ContainerRecord, m: crate::metrics::Measured) -> cri::FilesystemUsage {
     let upper = r.upper_dir();
     cri::FilesystemUsage {
-        timestamp: at,
+        timestamp: m.at,
         fs_id: Some(cri::FilesystemIdentifier {
             mountpoint: upper.to_string_lossy().into_owned(),
         }),
-        used_bytes: Some(cri::UInt64Value { value: bytes }),
-        inodes_used: Some(cri::UInt64Value { value: inodes }),
+        used_bytes: Some(cri::UInt64Value { value: m.bytes }),
+        inodes_used: Some(cri::UInt64Value { value: m.inodes }),
     }
 }
 

@@ -336,12 +336,12 @@ fn container(c: &ContainerUsage, timestamp: i64) -> cri::ContainerMetrics {
     out.push(
         "container_fs_usage_bytes",
         Some(&device),
-        Some(c.writable_bytes),
+        c.writable.map(|m| m.bytes),
     );
     out.push(
         "container_fs_inodes_total",
         Some(&device),
-        Some(c.writable_inodes),
+        c.writable.map(|m| m.inodes),
     );
     cri::ContainerMetrics {
         container_id: r.id.clone(),

@@ -2,7 +2,10 @@
 //! pod's network namespace, container writable layers), and the daemon's own operation
 //! metrics served in the Prometheus text format ([`prom`]) when `--metrics-address` is set.
 
+mod fs_usage;
 pub mod prom;
+
+pub use fs_usage::{FsUsageCache, Measured, DEFAULT_PERIOD as DEFAULT_STATS_PERIOD};
 
 use crate::cgroups::Detail;
 use crate::netdev::Interface;
@@ -26,125 +29,53 @@ pub struct PodUsage {
 pub struct ContainerUsage {
     pub record: ContainerRecord,
     pub cgroup: Detail,
-    /// What the container wrote to its rootfs (its overlay upper dir): bytes and inodes, as
-    /// measured at `writable_at` (Unix nanoseconds; see [`FsUsageCache`]).
-    pub writable_bytes: u64,
-    pub writable_inodes: u64,
-    pub writable_at: i64,
+    /// What the container wrote to its rootfs (its overlay upper dir), with when it was
+    /// measured (see [`FsUsageCache`]); `None` until it first is.
+    pub writable: Option<Measured>,
 }
 
-/// How long a writable layer's measured use is reused before its tree is walked again.
-pub const FS_USAGE_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+/// Items per reader thread below which a list is read on the calling thread alone.
+const PER_THREAD: usize = 64;
 
-/// Writable-layer use per container, as cAdvisor keeps filesystem use: measured once
-/// synchronously, then refreshed in the background once older than [`FS_USAGE_TTL`] while
-/// callers get the last measurement — stats of a thousand containers never walk a thousand
-/// trees in the call. Every value carries when it was measured, and CRI reports that time.
-pub struct FsUsageCache {
-    ttl: std::time::Duration,
-    map: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, FsUsage>>>,
-    /// Containers whose measurement is due, for the refresher thread (started at first use).
-    due: std::sync::Mutex<Option<std::sync::mpsc::SyncSender<(String, std::path::PathBuf)>>>,
-}
-
-#[derive(Clone, Copy)]
-struct FsUsage {
-    measured: std::time::Instant,
-    at: i64,
-    bytes: u64,
-    inodes: u64,
-    /// A refresh is queued.
-    queued: bool,
-}
-
-impl FsUsage {
-    fn now(upper: &std::path::Path) -> FsUsage {
-        let (bytes, inodes) = crate::state::disk_usage(upper);
-        FsUsage {
-            measured: std::time::Instant::now(),
-            at: crate::state::now_nanos(),
-            bytes,
-            inodes,
-            queued: false,
-        }
+/// `f` over `items`, in order, on up to 4 threads (one per CPU): reading a thousand cgroups'
+/// files is kernel time that parallelizes.
+fn par_map<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = cpus.min(4).min(items.len() / PER_THREAD).max(1);
+    if threads == 1 {
+        return items.into_iter().map(f).collect();
     }
-}
-
-impl Default for FsUsageCache {
-    fn default() -> Self {
-        FsUsageCache {
-            ttl: FS_USAGE_TTL,
-            map: Default::default(),
-            due: std::sync::Mutex::new(None),
-        }
+    let per = items.len().div_ceil(threads);
+    let mut items = items.into_iter().peekable();
+    let mut slots: Vec<std::sync::Mutex<Option<Vec<T>>>> = Vec::with_capacity(threads);
+    while items.peek().is_some() {
+        slots.push(std::sync::Mutex::new(Some(
+            items.by_ref().take(per).collect(),
+        )));
     }
-}
-
-impl FsUsageCache {
-    /// (bytes, inodes, measured at) of `upper`, the writable layer of container `id`.
-    fn get(&self, id: &str, upper: &std::path::Path) -> (u64, u64, i64) {
-        let stale = {
-            let mut m = crate::lock(&self.map);
-            match m.get_mut(id) {
-                Some(u) => {
-                    let stale = u.measured.elapsed() >= self.ttl && !u.queued;
-                    u.queued |= stale;
-                    Some((u.bytes, u.inodes, u.at, stale))
-                }
-                None => None,
-            }
-        };
-        match stale {
-            Some((bytes, inodes, at, stale)) => {
-                if stale {
-                    self.refresh_later(id, upper);
-                }
-                (bytes, inodes, at)
-            }
-            None => {
-                let u = FsUsage::now(upper);
-                crate::lock(&self.map).insert(id.to_string(), u);
-                (u.bytes, u.inodes, u.at)
+    let take =
+        |slot: &std::sync::Mutex<Option<Vec<T>>>| crate::lock(slot).take().unwrap_or_default();
+    let f = &f;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = slots[1..]
+            .iter()
+            .map(|slot| {
+                std::thread::Builder::new()
+                    .name("stats-reader".into())
+                    .spawn_scoped(s, move || take(slot).into_iter().map(f).collect::<Vec<R>>())
+                    .ok()
+            })
+            .collect();
+        let mut out: Vec<R> = take(&slots[0]).into_iter().map(f).collect();
+        for (h, slot) in handles.into_iter().zip(&slots[1..]) {
+            match h.and_then(|h| h.join().ok()) {
+                Some(v) => out.extend(v),
+                // Not spawned: read here.
+                None => out.extend(take(slot).into_iter().map(f)),
             }
         }
-    }
-
-    /// Forgets container `id` (removed).
-    pub(crate) fn forget(&self, id: &str) {
-        crate::lock(&self.map).remove(id);
-    }
-
-    /// Queues `id` for the refresher (bounded: a full queue drops it, the next call asks
-    /// again).
-    fn refresh_later(&self, id: &str, upper: &std::path::Path) {
-        let mut due = crate::lock(&self.due);
-        if due.is_none() {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<(String, std::path::PathBuf)>(4096);
-            let map = self.map.clone();
-            let spawned = std::thread::Builder::new()
-                .name("fs-usage".into())
-                .spawn(move || {
-                    // Ends when the cache (its sender) goes.
-                    for (id, upper) in rx {
-                        let u = FsUsage::now(&upper);
-                        if let Some(e) = crate::lock(&map).get_mut(&id) {
-                            *e = u;
-                        }
-                    }
-                });
-            if spawned.is_ok() {
-                *due = Some(tx);
-            }
-        }
-        let sent = due
-            .as_ref()
-            .is_some_and(|tx| tx.try_send((id.to_string(), upper.to_path_buf())).is_ok());
-        if !sent {
-            if let Some(e) = crate::lock(&self.map).get_mut(id) {
-                e.queued = false;
-            }
-        }
-    }
+        out
+    })
 }
 
 /// How much of a container's cgroup to read: what CRI stats report (CPU and memory use: a
@@ -193,14 +124,16 @@ impl Runtime {
         }) {
             running.entry(c.sandbox_id.clone()).or_default().push(c);
         }
-        self.list_pod_sandboxes(filter)
+        let pods: Vec<(SandboxRecord, Vec<ContainerRecord>)> = self
+            .list_pod_sandboxes(filter)
             .iter()
             .filter_map(|s| self.sandbox_record(&s.id).ok())
             .map(|sb| {
                 let mine = running.remove(&sb.id).unwrap_or_default();
-                self.usage_of(sb, mine, depth)
+                (sb, mine)
             })
-            .collect()
+            .collect();
+        par_map(pods, |(sb, mine)| self.usage_of(sb, mine, depth))
     }
 
     /// One pod's use; `NotFound` for an unknown id.
@@ -216,15 +149,19 @@ impl Runtime {
 
     /// The use of the containers `filter` matches.
     pub fn containers_usage(&self, filter: &crate::ContainerFilter) -> Vec<ContainerUsage> {
-        self.list_containers(filter)
-            .into_iter()
-            .map(|r| self.usage_of_container(r, Depth::Stats))
-            .collect()
+        par_map(self.list_containers(filter), |r| {
+            self.usage_of_container(r, Depth::Stats)
+        })
     }
 
     /// One container's use; `NotFound` for an unknown id.
     pub fn container_usage_detail(&self, id: &str) -> crate::Result<ContainerUsage> {
-        Ok(self.usage_of_container(self.container_record(id)?, Depth::Stats))
+        let mut u = self.usage_of_container(self.container_record(id)?, Depth::Stats);
+        // One container: never measured yet is measured now.
+        if u.writable.is_none() {
+            u.writable = Some(self.fs_usage.get(&u.record.id, &u.record.upper_dir()));
+        }
+        Ok(u)
     }
 
     /// A container's use: its cgroup, or — when its cgroup holds no process although it
@@ -233,11 +170,15 @@ impl Runtime {
     fn usage_of_container(&self, record: ContainerRecord, depth: Depth) -> ContainerUsage {
         // Stats take the last measurement (refreshed in the background); metrics, scraped
         // less often and read as cAdvisor's, walk the layer now.
-        let (bytes, inodes, at) = match depth {
-            Depth::Stats => self.fs_usage.get(&record.id, &record.upper_dir()),
+        let writable = match depth {
+            Depth::Stats => self.fs_usage.cached(&record.id, &record.upper_dir()),
             Depth::Metrics => {
-                let (b, i) = crate::state::disk_usage(&record.upper_dir());
-                (b, i, crate::state::now_nanos())
+                let (bytes, inodes) = crate::state::disk_usage(&record.upper_dir());
+                Some(Measured {
+                    bytes,
+                    inodes,
+                    at: crate::state::now_nanos(),
+                })
             }
         };
         let mut cgroup = match depth {
@@ -264,9 +205,7 @@ impl Runtime {
         }
         ContainerUsage {
             cgroup,
-            writable_bytes: bytes,
-            writable_inodes: inodes,
-            writable_at: at,
+            writable,
             record,
         }
     }
@@ -296,37 +235,12 @@ impl Runtime {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    /// Measured at once the first time; then the last measurement while it is fresh; once
-    /// stale, still the last one while the refresher measures again in the background.
     #[test]
-    fn writable_layer_use_is_refreshed_in_the_background() {
-        let dir = std::env::temp_dir().join(format!("sandboxd-fsusage-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("a"), vec![1u8; 8192]).unwrap();
-        let cache = FsUsageCache {
-            ttl: std::time::Duration::from_millis(200),
-            ..Default::default()
-        };
-        let (_, inodes, at) = cache.get("c1", &dir);
-        assert_eq!(inodes, 1);
-        std::fs::write(dir.join("b"), vec![1u8; 8192]).unwrap();
-        assert_eq!(cache.get("c1", &dir), (cache.get("c1", &dir).0, 1, at));
-        std::thread::sleep(std::time::Duration::from_millis(250));
-        // Stale: the old value now, a fresh one soon after.
-        assert_eq!(cache.get("c1", &dir).1, 1);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        let (_, inodes, at2) = loop {
-            let r = cache.get("c1", &dir);
-            if r.1 == 2 || std::time::Instant::now() > deadline {
-                break r;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        };
-        let _ = std::fs::remove_dir_all(&dir);
-        assert_eq!(inodes, 2, "never refreshed");
-        assert!(at2 > at);
+    fn par_map_keeps_order_and_every_item() {
+        for n in [0, 1, 63, 64, 129, 1000, 1001] {
+            let v: Vec<usize> = (0..n).collect();
+            let out = super::par_map(v, |i| i * 2);
+            assert_eq!(out, (0..n).map(|i| i * 2).collect::<Vec<_>>(), "n={n}");
+        }
     }
 }
