@@ -135,7 +135,23 @@ fn effective_config(cli: &Cli) -> Result<DaemonConfig, sandboxd::Error> {
     Ok(cfg)
 }
 
+/// glibc gives each thread that allocates an arena of its own (up to 8 per core), and memory
+/// freed in one arena is not reused by another: with tokio's worker and blocking threads the
+/// daemon's heap grew ~60 KiB per pod at 1000 pods, nearly all of it free memory spread over
+/// arenas. Two arenas hold the same work (measured at 300 pods: anonymous memory 13.0 MiB
+/// against 29.6, the same rates). An operator's `MALLOC_ARENA_MAX` wins.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only sets an allocator parameter; called before any thread starts.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 2);
+        }
+    }
+}
+
 fn main() {
+    limit_malloc_arenas();
     let cli = Cli::parse();
     let cfg = match effective_config(&cli) {
         Ok(c) => c,
