@@ -193,6 +193,18 @@ impl Runtime {
             host.make_shared_dir(d)?;
         }
         let monitor = Config::helper_path(&cfg.monitor_path, "sandboxd-monitor");
+        let mount_ns = if cfg.runtime_mount_ns {
+            let pins: Vec<&Path> = cfg.namespace_dirs().iter().map(|d| d.as_path()).collect();
+            match oci::RuntimeMountNs::new(&cfg.root, &pins) {
+                Ok(ns) => Some(Arc::new(ns)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the OCI runtime runs in the host's mount namespace");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let mut runtimes = HashMap::new();
         for (name, h) in &cfg.runtimes {
             validate::name("runtime handler", name)?;
@@ -210,6 +222,7 @@ impl Runtime {
                         .clone()
                         .unwrap_or_else(|| PathBuf::from("sandboxd-monitor")),
                     timeout: cfg.runtime_timeout,
+                    mount_ns: mount_ns.clone().filter(|_| !h.needs_sandbox_process),
                 },
             );
         }

@@ -27,7 +27,7 @@ pub fn mountinfo() -> Result<Vec<MountInfo>, HostError> {
     Ok(parse_mountinfo(&text))
 }
 
-fn parse_mountinfo(text: &str) -> Vec<MountInfo> {
+pub(crate) fn parse_mountinfo(text: &str) -> Vec<MountInfo> {
     text.lines()
         .filter_map(|line| {
             let (pre, post) = line.split_once(" - ")?;

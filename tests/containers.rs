@@ -650,9 +650,15 @@ fn seccomp_privileged_and_bind_mounts() {
         "{e}"
     );
 
-    // Bind mounts from the host, read-only and read-write.
+    // Bind mounts from the host, read-only and read-write: of a filesystem the host mounted
+    // after the runtime started (the runtime's own mount namespace was made before it; what
+    // a create binds is carried in from the host's, so it is this tmpfs, not the empty dir).
     let share = env.base.join("share");
     std::fs::create_dir_all(&share).unwrap();
+    sh(&format!(
+        "mount -t tmpfs -o size=1m share {}",
+        share.display()
+    ));
     std::fs::write(share.join("data"), "from-host").unwrap();
     let mut c = ctr("mounts", idle);
     c.mounts = vec![
@@ -678,5 +684,6 @@ fn seccomp_privileged_and_bind_mounts() {
     );
     assert_eq!(std::fs::read_to_string(share.join("new")).unwrap(), "hi\n");
     rt.remove_pod_sandbox(&sb).unwrap();
+    sh(&format!("umount {}", share.display()));
     env.assert_no_leaks();
 }

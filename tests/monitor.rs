@@ -51,6 +51,7 @@ fn runtime(env: &Env) -> OciRuntime {
         root: env.runtime_root("runc"),
         monitor: env.cfg.monitor_path.clone().unwrap(),
         timeout: Duration::from_secs(30),
+        mount_ns: None,
     }
 }
 

@@ -2,10 +2,12 @@
 //! every container created under a `sandboxd-monitor` so it outlives the daemon, and its pid
 //! and exit status learned from files the monitor writes.
 
+mod mount_ns;
 pub mod runsc;
 mod runtime;
 pub mod spec;
 
+pub use mount_ns::RuntimeMountNs;
 pub use runtime::{ContainerFiles, OciRuntime, RuntimeError, RuntimeStats};
 /// The exit file and `runtime state`, as the monitor and the daemon both read them.
 pub use sandboxd_shim_common::{exit::ExitInfo, runtime::RuntimeState};

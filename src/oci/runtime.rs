@@ -1,14 +1,17 @@
 //! Runtime driver: `create` (through the monitor), `start`, `state`, `kill`, `delete`, each a
 //! process call with `--root` and a json `--log`, so failures carry the runtime's own message.
 
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sandboxd_shim_common::cli::{ExecArgs, MonitorArgs, StdinMode};
 use sandboxd_shim_common::exit::ExitInfo;
 use sandboxd_shim_common::runtime::{self, last_log_error, RuntimeState};
 
+use super::mount_ns::RuntimeMountNs;
 use crate::process::{self, RunError};
 
 /// A runtime call failed; `msg` is the runtime's (or the monitor's) own message.
@@ -108,10 +111,23 @@ pub struct OciRuntime {
     pub root: PathBuf,
     pub monitor: PathBuf,
     pub timeout: Duration,
+    /// The mount namespace the runtime's processes run in (see [`RuntimeMountNs`]); `None`:
+    /// the daemon's own.
+    pub mount_ns: Option<Arc<RuntimeMountNs>>,
 }
 
 impl OciRuntime {
+    /// A call on an existing container, in the runtime's mount namespace.
     fn base(&self, log: Option<&Path>) -> Command {
+        let mut c = self.base_in_host_ns(log);
+        if let Some(ns) = &self.mount_ns {
+            ns.enter(&mut c);
+        }
+        c
+    }
+
+    /// A call that must see the host's mounts as they are (CRIU's checkpoint).
+    fn base_in_host_ns(&self, log: Option<&Path>) -> Command {
         let mut c = runtime::command(&self.path, &self.args, &self.root);
         process::private_umask(&mut c);
         if let Some(log) = log {
@@ -198,7 +214,16 @@ impl OciRuntime {
         bundle: &Path,
         files: &ContainerFiles,
     ) -> Result<i32, RuntimeError> {
+        // The small namespace `create` runs in, handed to the monitor as an inherited fd.
+        let ns = self
+            .mount_ns
+            .as_ref()
+            .and_then(|m| m.for_create(id, bundle));
+        let ns_fd = ns.as_ref().map(AsRawFd::as_raw_fd);
         let mut c = Command::new(&self.monitor);
+        if let Some(fd) = ns_fd {
+            super::mount_ns::inherit(&mut c, fd);
+        }
         c.args(
             MonitorArgs {
                 runtime: self.path.clone(),
@@ -214,6 +239,7 @@ impl OciRuntime {
                 attach_socket: files.attach_socket.clone(),
                 stdin: files.stdin,
                 console_socket: files.console_socket.clone(),
+                runtime_mount_ns_fd: ns_fd,
             }
             .to_args(),
         );
@@ -221,11 +247,13 @@ impl OciRuntime {
         // the runtime and the runtime's children in it) is killed by the pid it wrote first,
         // then whatever the runtime made of the container is force-deleted.
         let monitor_pid = files.monitor_pid_file.clone();
-        let out = match self.call_killing("create", id, c, Some(&files.runtime_log), |_| {
+        let out = self.call_killing("create", id, c, Some(&files.runtime_log), |_| {
             if let Some(pid) = process::read_pid(&monitor_pid).filter(|p| *p > 1) {
                 process::kill_tree(pid);
             }
-        }) {
+        });
+        drop(ns);
+        let out = match out {
             Ok(out) => out,
             Err(e) => {
                 if matches!(e, RuntimeError::TimedOut { .. }) {
@@ -363,6 +391,9 @@ impl OciRuntime {
             .to_args(),
         )
         .env_remove("NOTIFY_SOCKET");
+        if let Some(ns) = &self.mount_ns {
+            ns.enter(&mut c);
+        }
         c
     }
 
@@ -376,7 +407,7 @@ impl OciRuntime {
         leave_running: bool,
         log: &Path,
     ) -> Result<(), RuntimeError> {
-        let mut c = self.base(Some(log));
+        let mut c = self.base_in_host_ns(Some(log));
         c.arg("checkpoint")
             .arg("--image-path")
             .arg(images)

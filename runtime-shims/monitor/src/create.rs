@@ -89,8 +89,27 @@ pub fn create(args: &MonitorArgs) -> Result<Created, String> {
         })
         .stdout(Stdio::from(out_w))
         .stderr(Stdio::from(err_w));
+    if let Some(fd) = args.runtime_mount_ns_fd {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: setns and close are async-signal-safe and touch no memory of the parent.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(fd, libc::CLONE_NEWNS) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(fd);
+                Ok(())
+            });
+        }
+    }
     let spawned = cmd.spawn();
     drop(cmd); // closes our copies of the write ends
+    if let Some(fd) = args.runtime_mount_ns_fd {
+        // The namespace lives on in the runtime (and goes with it); the container's own is
+        // a copy the runtime makes.
+        // SAFETY: the daemon handed this fd to us alone; nothing else uses it.
+        unsafe { libc::close(fd) };
+    }
     let mut child =
         spawned.map_err(|e| format!("cannot execute {}: {e}", args.runtime.display()))?;
     // With a terminal, the runtime connects to the console socket during create and sends

@@ -1,0 +1,534 @@
+//! The mount namespace the OCI runtime's own processes run in, so that what a runtime call
+//! costs does not grow with the number of pods on the node.
+//!
+//! runc 1.1 reads the whole of `/proc/self/mountinfo` in every call (its Intel RDT probe),
+//! and again while creating (the rootfs' parent mount, the cgroup v1 mount): five reads per
+//! pod brought up. Every pod adds about five mounts to the host's table (its namespace pins,
+//! its shm, a rootfs overlay per container), so at 1000 pods each read is ~5000 lines, and
+//! generating and parsing them was a third of the node's CPU during bring-up.
+//!
+//! So the runtime runs in a *template*: a copy of the host's mount namespace, slave to it
+//! (the host's later mounts and unmounts in shared trees reach it; nothing done in it reaches
+//! the host), in which every mount under the daemon's own dirs (the state root, the namespace
+//! pin dirs) is detached. Calls on an existing container (`start`, `state`, `kill`,
+//! `delete`, `exec`, `update`, `events`) enter the template. `create` runs in a throwaway copy
+//! of the template into which exactly the paths the bundle names (the rootfs, the namespace
+//! files, every bind-mount source) are carried as fresh clones of the host's view
+//! (`open_tree` + `move_mount`): shared sources stay peers of the host's, so mount propagation
+//! is what it would be in the host's namespace. The container itself, after the runtime's
+//! `pivot_root`, sees what it always did. A template older than [`MAX_AGE`] is made anew at
+//! its next use, so a host mount unmounted meanwhile is not held for longer than that.
+//!
+//! Anything that cannot be done (a kernel without `open_tree`, a path the template lacks)
+//! runs that call in the host's namespace as before: slower, never different.
+#![allow(unsafe_code)]
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::CloneFlags;
+
+use crate::error::HostError;
+
+/// How long one template serves before the next use makes a new one.
+pub const MAX_AGE: Duration = Duration::from_secs(10);
+
+/// A dir whose mounts the runtime does not see.
+#[derive(Debug, Clone)]
+struct Hidden {
+    dir: PathBuf,
+    /// Hide a mount at `dir` itself too (a pin dir bound onto itself), not only those below.
+    with_self: bool,
+}
+
+impl Hidden {
+    fn covers(&self, p: &Path) -> bool {
+        p.starts_with(&self.dir) && (self.with_self || p != self.dir)
+    }
+}
+
+/// One template namespace: its nsfs fd and its root dir.
+#[derive(Debug)]
+struct Template {
+    ns: OwnedFd,
+    root: OwnedFd,
+    made: Instant,
+}
+
+/// The runtime's mount namespace; see the module doc.
+#[derive(Debug)]
+pub struct RuntimeMountNs {
+    hidden: Vec<Hidden>,
+    max_age: Duration,
+    current: Mutex<Arc<Template>>,
+}
+
+impl RuntimeMountNs {
+    /// Makes the first template, hiding every mount below `state_root` and at or below each
+    /// of `pin_dirs` (a pin dir that holds the state root is left alone: the runtime needs
+    /// its state). `Err`: this host cannot; runtime calls stay in the host's namespace.
+    pub fn new(state_root: &Path, pin_dirs: &[&Path]) -> Result<Self, HostError> {
+        Self::with_max_age(state_root, pin_dirs, MAX_AGE)
+    }
+
+    pub(crate) fn with_max_age(
+        state_root: &Path,
+        pin_dirs: &[&Path],
+        max_age: Duration,
+    ) -> Result<Self, HostError> {
+        let real = |p: &Path| std::fs::canonicalize(p).map_err(|e| HostError::io("resolve", p, e));
+        let root = real(state_root)?;
+        let mut hidden = vec![Hidden {
+            dir: root.clone(),
+            with_self: false,
+        }];
+        for d in pin_dirs {
+            let dir = real(d)?;
+            if !root.starts_with(&dir) {
+                hidden.push(Hidden {
+                    dir,
+                    with_self: true,
+                });
+            }
+        }
+        let first = make_template(&hidden)?;
+        Ok(RuntimeMountNs {
+            hidden,
+            max_age,
+            current: Mutex::new(Arc::new(first)),
+        })
+    }
+
+    /// The template to use now: the current one, or a new one when it is too old (if making
+    /// one fails, the old one serves on).
+    fn template(&self) -> Arc<Template> {
+        let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if cur.made.elapsed() >= self.max_age {
+            match make_template(&self.hidden) {
+                Ok(t) => *cur = Arc::new(t),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot renew the runtime's mount namespace; the old one serves on")
+                }
+            }
+        }
+        cur.clone()
+    }
+
+    /// Makes `cmd` run in the template (for calls on an existing container).
+    pub fn enter(&self, cmd: &mut Command) {
+        let t = self.template();
+        // SAFETY: setns is async-signal-safe; the closure owns the template, so its fd is open
+        // whenever the command is spawned.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(t.ns.as_raw_fd(), libc::CLONE_NEWNS) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// The namespace for `runtime create` of the bundle at `bundle`: a copy of the template
+    /// with the paths the bundle's spec names carried in from the host. `None` (and why, in
+    /// the log) when it cannot be made: create runs in the host's namespace then.
+    pub fn for_create(&self, id: &str, bundle: &Path) -> Option<OwnedFd> {
+        let t = self.template();
+        match spec_paths(bundle).and_then(|paths| carry_into_copy(&t, &paths)) {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                tracing::info!(container_id = id, error = %e, "runtime create runs in the host's mount namespace");
+                None
+            }
+        }
+    }
+}
+
+/// Makes `cmd` inherit `fd` (at the same number); the caller keeps it open until the spawn.
+pub(crate) fn inherit(cmd: &mut Command, fd: std::os::fd::RawFd) {
+    // SAFETY: fcntl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Opens `path` (`O_CLOEXEC` plus `flags`).
+fn open_fd(path: &Path, flags: libc::c_int) -> Result<OwnedFd, HostError> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| HostError::format(path.display(), "the path contains NUL"))?;
+    // SAFETY: a valid NUL-terminated path; returns a new fd or -1.
+    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(HostError::io("open", path, std::io::Error::last_os_error()));
+    }
+    // SAFETY: a fresh fd the kernel returned, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Runs `f` on a thread of its own (its own fs struct, so its namespace switch touches no
+/// other thread) and returns what it returned.
+fn on_own_thread<T: Send + 'static>(
+    what: &'static str,
+    f: impl FnOnce() -> Result<T, HostError> + Send + 'static,
+) -> Result<T, HostError> {
+    std::thread::Builder::new()
+        .name("runtime-mntns".into())
+        .spawn(move || {
+            nix::sched::unshare(CloneFlags::CLONE_FS)
+                .map_err(|e| HostError::sys("unshare fs for", what, e))?;
+            f()
+        })
+        .map_err(|e| HostError::thread_start(what, e))?
+        .join()
+        .map_err(|_| HostError::thread_panicked(what))?
+}
+
+/// A new template: a slave copy of our namespace with the hidden dirs' mounts detached.
+fn make_template(hidden: &[Hidden]) -> Result<Template, HostError> {
+    let hidden = hidden.to_vec();
+    on_own_thread("the runtime's mount namespace", move || {
+        nix::sched::unshare(CloneFlags::CLONE_NEWNS)
+            .map_err(|e| HostError::sys("unshare", "a mount namespace", e))?;
+        // Before anything else: the copy's mounts are peers of the host's, and an unmount
+        // in a peer would unmount the host's. As slaves, nothing done here leaves.
+        mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_REC | MsFlags::MS_SLAVE,
+            None::<&str>,
+        )
+        .map_err(|e| HostError::sys("make slave", "/ of the runtime's mount namespace", e))?;
+        let text = std::fs::read_to_string("/proc/thread-self/mountinfo")
+            .map_err(|e| HostError::io("read", "/proc/thread-self/mountinfo", e))?;
+        let mut points: Vec<PathBuf> = crate::mounts::parse_mountinfo(&text)
+            .into_iter()
+            .map(|m| m.mount_point)
+            .filter(|p| hidden.iter().any(|h| h.covers(p)))
+            .collect();
+        // Outermost first: detaching one takes everything below it along.
+        points.sort_by_key(|p| p.as_os_str().len());
+        points.dedup();
+        let mut gone: Vec<&Path> = Vec::new();
+        for p in &points {
+            if gone.iter().any(|g| p.starts_with(g)) {
+                continue;
+            }
+            // Mounts stacked on one point go one by one.
+            for _ in 0..64 {
+                if umount2(p.as_path(), MntFlags::MNT_DETACH).is_err() {
+                    break;
+                }
+            }
+            gone.push(p);
+        }
+        Ok(Template {
+            ns: open_fd(Path::new("/proc/thread-self/ns/mnt"), libc::O_RDONLY)?,
+            root: open_fd(Path::new("/"), libc::O_PATH | libc::O_DIRECTORY)?,
+            made: Instant::now(),
+        })
+    })
+}
+
+/// The host paths the runtime resolves while creating the container of this bundle: its
+/// rootfs, the namespace files it joins, the sources of its bind mounts.
+fn spec_paths(bundle: &Path) -> Result<Vec<PathBuf>, HostError> {
+    let file = bundle.join("config.json");
+    let text = std::fs::read(&file).map_err(|e| HostError::io("read", &file, e))?;
+    let spec: serde_json::Value =
+        serde_json::from_slice(&text).map_err(|e| HostError::format(file.display(), e))?;
+    let mut paths = Vec::new();
+    if let Some(root) = spec.pointer("/root/path").and_then(|v| v.as_str()) {
+        paths.push(bundle.join(root));
+    }
+    let list = |ptr: &str| {
+        spec.pointer(ptr)
+            .and_then(|v| v.as_array())
+            .cloned()
+            .unwrap_or_default()
+    };
+    for ns in list("/linux/namespaces") {
+        if let Some(p) = ns.get("path").and_then(|v| v.as_str()) {
+            paths.push(PathBuf::from(p));
+        }
+    }
+    for m in list("/mounts") {
+        let is_bind = m.get("type").and_then(|v| v.as_str()) == Some("bind")
+            || m.get("options")
+                .and_then(|v| v.as_array())
+                .is_some_and(|o| {
+                    o.iter()
+                        .any(|o| matches!(o.as_str(), Some("bind" | "rbind")))
+                });
+        if let (true, Some(src)) = (is_bind, m.get("source").and_then(|v| v.as_str())) {
+            paths.push(PathBuf::from(src));
+        }
+    }
+    Ok(paths)
+}
+
+/// A copy of the template with each of `paths` (resolved in the host's view) carried in as a
+/// recursive clone of the host's, mounted at the same path.
+fn carry_into_copy(t: &Template, paths: &[PathBuf]) -> Result<OwnedFd, HostError> {
+    let mut real = Vec::with_capacity(paths.len());
+    for p in paths {
+        if !p.is_absolute() {
+            return Err(HostError::format(p.display(), "not an absolute path"));
+        }
+        real.push(std::fs::canonicalize(p).map_err(|e| HostError::io("resolve", p, e))?);
+    }
+    real.sort_by_key(|p| p.as_os_str().len());
+    real.dedup();
+    let mut carried: Vec<(PathBuf, OwnedFd)> = Vec::with_capacity(real.len());
+    for p in real {
+        if carried.iter().any(|(c, _)| p.starts_with(c)) {
+            continue; // inside a tree already carried
+        }
+        if p == Path::new("/") {
+            return Err(HostError::format("/", "the whole root cannot be carried"));
+        }
+        exists_in(t, &p)?;
+        let tree = crate::mounts::clone_tree(&p, true)?;
+        carried.push((p, tree));
+    }
+    let ns =
+        t.ns.try_clone()
+            .map_err(|e| HostError::io("dup", "the runtime's mount namespace", e))?;
+    on_own_thread("a runtime create's mount namespace", move || {
+        nix::sched::setns(&ns, CloneFlags::CLONE_NEWNS)
+            .map_err(|e| HostError::sys("enter", "the runtime's mount namespace", e))?;
+        nix::sched::unshare(CloneFlags::CLONE_NEWNS)
+            .map_err(|e| HostError::sys("unshare", "a mount namespace", e))?;
+        for (p, tree) in &carried {
+            crate::mounts::attach(tree, p)?;
+        }
+        open_fd(Path::new("/proc/thread-self/ns/mnt"), libc::O_RDONLY)
+    })
+}
+
+/// `Ok` if `p` (absolute, no symlinks) exists in the template, so a clone can go there.
+fn exists_in(t: &Template, p: &Path) -> Result<(), HostError> {
+    let rel = p.strip_prefix("/").unwrap_or(p);
+    let c = std::ffi::CString::new(rel.as_os_str().as_encoded_bytes())
+        .map_err(|_| HostError::format(p.display(), "the path contains NUL"))?;
+    // SAFETY: the template's root fd and a valid NUL-terminated relative path.
+    let fd = unsafe {
+        libc::openat(
+            t.root.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(HostError::io(
+            "find in the runtime's mount namespace",
+            p,
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: a fresh fd the kernel returned; closed here.
+    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scratch dir with mounts of its own, all lazily unmounted and removed on drop.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(tag: &str) -> Self {
+            let d =
+                std::env::temp_dir().join(format!("sandboxd-mntns-{tag}-{}", std::process::id()));
+            std::fs::create_dir_all(&d).unwrap();
+            Scratch(std::fs::canonicalize(&d).unwrap())
+        }
+
+        /// A tmpfs at `rel` holding `file` with `text`.
+        fn tmpfs(&self, rel: &str, file: &str, text: &str) -> PathBuf {
+            let p = self.0.join(rel);
+            std::fs::create_dir_all(&p).unwrap();
+            mount(
+                Some("tmpfs"),
+                &p,
+                Some("tmpfs"),
+                MsFlags::empty(),
+                Some("size=64k"),
+            )
+            .unwrap();
+            std::fs::write(p.join(file), text).unwrap();
+            p
+        }
+
+        /// The lines of `mounts` that name a path in the scratch dir.
+        fn ours(&self, mountinfo: &str) -> Vec<PathBuf> {
+            crate::mounts::parse_mountinfo(mountinfo)
+                .into_iter()
+                .map(|m| m.mount_point)
+                .filter(|p| p.starts_with(&self.0))
+                .collect()
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = crate::mounts::remove_tree(&self.0);
+        }
+    }
+
+    fn host_mountinfo() -> String {
+        std::fs::read_to_string("/proc/self/mountinfo").unwrap()
+    }
+
+    /// Runs `sh -c script` in the namespace `enter` sets up; its stdout.
+    fn sh_in(script: &str, enter: impl FnOnce(&mut Command)) -> String {
+        let mut c = Command::new("/bin/sh");
+        c.arg("-c").arg(script);
+        enter(&mut c);
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn setns_to(cmd: &mut Command, fd: std::os::fd::RawFd) {
+        // SAFETY: setns is async-signal-safe; the caller keeps `fd` open until the spawn.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(fd, libc::CLONE_NEWNS) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+
+    #[test]
+    fn the_runtime_sees_no_other_pods_mounts_and_create_gets_its_bundles_paths() {
+        let s = Scratch::new("carry");
+        let root = s.0.join("root");
+        let pins = s.0.join("pins");
+        crate::mounts::make_shared_dir(&pins).unwrap();
+        for i in 0..20 {
+            s.tmpfs(
+                &format!("root/containers/c{i}/rootfs"),
+                "marker",
+                &format!("rootfs {i}"),
+            );
+        }
+        let pin = pins.join("net-a");
+        crate::netns::create_empty_file(&pin).unwrap();
+        mount(
+            Some("/proc/self/ns/net"),
+            &pin,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap();
+        let before = s.ours(&host_mountinfo()).len();
+        let ns = RuntimeMountNs::new(&root, &[&pins]).unwrap();
+
+        // Calls on existing containers: none of the state root's or pin dir's mounts.
+        let seen = s.ours(&sh_in("cat /proc/self/mountinfo", |c| ns.enter(c)));
+        assert_eq!(seen, Vec::<PathBuf>::new());
+        // Nothing done there reached the host.
+        assert_eq!(s.ours(&host_mountinfo()).len(), before);
+
+        // A volume the host mounts after the template was made, and a plain file.
+        let vol = s.tmpfs("vol", "v", "volume data");
+        std::fs::create_dir_all(root.join("sandboxes/p")).unwrap();
+        std::fs::write(root.join("sandboxes/p/hosts"), "hosts file").unwrap();
+        let bundle = root.join("containers/c3");
+        let spec = serde_json::json!({
+            "root": {"path": "rootfs"},
+            "linux": {"namespaces": [{"type": "network", "path": pin}, {"type": "pid"}]},
+            "mounts": [
+                {"destination": "/proc", "type": "proc", "source": "proc"},
+                {"destination": "/v", "type": "bind", "source": vol, "options": ["rbind"]},
+                {"destination": "/etc/hosts", "type": "bind",
+                 "source": root.join("sandboxes/p/hosts"), "options": ["rbind", "ro"]},
+            ],
+        });
+        std::fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
+        let fd = ns
+            .for_create("c3", &bundle)
+            .expect("a namespace for create");
+        let script = format!(
+            "cat /proc/self/mountinfo; cat {0}/rootfs/marker {1}/v {2}; echo; \
+             stat -f -c %T {3}",
+            bundle.display(),
+            vol.display(),
+            root.join("sandboxes/p/hosts").display(),
+            pin.display()
+        );
+        let out = sh_in(&script, |c| setns_to(c, fd.as_raw_fd()));
+        let mut seen = s.ours(&out);
+        seen.sort();
+        let mut want = vec![
+            bundle.join("rootfs"),
+            pin.clone(),
+            vol.clone(),
+            root.join("sandboxes/p/hosts"),
+        ];
+        want.sort();
+        assert_eq!(seen, want, "{out}");
+        assert!(out.contains("rootfs 3volume datahosts file"), "{out}");
+        assert!(
+            out.trim_end().ends_with("nsfs"),
+            "the pin is the namespace file: {out}"
+        );
+        assert_eq!(s.ours(&host_mountinfo()).len(), before + 1); // + the volume, nothing else
+    }
+
+    #[test]
+    fn a_path_the_runtime_could_not_see_keeps_create_in_the_hosts_namespace() {
+        let s = Scratch::new("fallback");
+        let root = s.0.join("root");
+        std::fs::create_dir_all(root.join("containers/c")).unwrap();
+        let ns = RuntimeMountNs::new(&root, &[]).unwrap();
+        // A source inside a tmpfs the host mounted later: not in the template, not a mount.
+        let vol = s.tmpfs("late", "f", "x");
+        std::fs::create_dir_all(vol.join("sub")).unwrap();
+        let spec = serde_json::json!({
+            "root": {"path": "/"},
+            "mounts": [{"destination": "/v", "type": "bind", "source": vol.join("sub")}],
+        });
+        std::fs::write(root.join("containers/c/config.json"), spec.to_string()).unwrap();
+        assert!(ns.for_create("c", &root.join("containers/c")).is_none());
+        let spec = serde_json::json!({
+            "mounts": [{"destination": "/v", "type": "bind", "source": vol.join("sub")}],
+        });
+        std::fs::write(root.join("containers/c/config.json"), spec.to_string()).unwrap();
+        assert!(ns.for_create("c", &root.join("containers/c")).is_none());
+    }
+
+    #[test]
+    fn an_old_template_is_renewed_so_it_holds_no_host_mount_for_long() {
+        let s = Scratch::new("renew");
+        let root = s.0.join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        let gone = s.tmpfs("gone", "f", "x");
+        let ns = RuntimeMountNs::with_max_age(&root, &[], Duration::ZERO).unwrap();
+        umount2(&gone, MntFlags::MNT_DETACH).unwrap();
+        // The first template copied it (a private mount on this host: no unmount reaches a
+        // copy); the renewed one does not have it.
+        let seen = s.ours(&sh_in("cat /proc/self/mountinfo", |c| ns.enter(c)));
+        assert_eq!(seen, Vec::<PathBuf>::new());
+    }
+}
