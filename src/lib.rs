@@ -196,7 +196,7 @@ impl Runtime {
         let mount_ns = if cfg.runtime_mount_ns {
             let pins: Vec<&Path> = cfg.namespace_dirs().iter().map(|d| d.as_path()).collect();
             match oci::RuntimeMountNs::new(&cfg.root, &pins) {
-                Ok(ns) => Some(Arc::new(ns)),
+                Ok(ns) => Some(ns),
                 Err(e) => {
                     tracing::warn!(error = %e, "the OCI runtime runs in the host's mount namespace");
                     None

@@ -16,8 +16,9 @@
 //! files, every bind-mount source) are carried as fresh clones of the host's view
 //! (`open_tree` + `move_mount`): shared sources stay peers of the host's, so mount propagation
 //! is what it would be in the host's namespace. The container itself, after the runtime's
-//! `pivot_root`, sees what it always did. A template older than [`MAX_AGE`] is made anew at
-//! its next use, so a host mount unmounted meanwhile is not held for longer than that.
+//! `pivot_root`, sees what it always did. A template older than [`MAX_AGE`] is made anew (in
+//! the background) at its next use, so a host mount unmounted meanwhile is not held for much
+//! longer than that.
 //!
 //! Anything that cannot be done (a kernel without `open_tree`, a path the template lacks)
 //! runs that call in the host's namespace as before: slower, never different.
@@ -36,7 +37,7 @@ use nix::sched::CloneFlags;
 use crate::error::HostError;
 
 /// How long one template serves before the next use makes a new one.
-pub const MAX_AGE: Duration = Duration::from_secs(10);
+pub const MAX_AGE: Duration = Duration::from_secs(30);
 
 /// A dir whose mounts the runtime does not see.
 #[derive(Debug, Clone)]
@@ -58,6 +59,8 @@ struct Template {
     ns: OwnedFd,
     root: OwnedFd,
     made: Instant,
+    /// Mounts detached at the top (each took those below it along).
+    detached: usize,
 }
 
 /// The runtime's mount namespace; see the module doc.
@@ -65,14 +68,28 @@ struct Template {
 pub struct RuntimeMountNs {
     hidden: Vec<Hidden>,
     max_age: Duration,
-    current: Mutex<Arc<Template>>,
+    state: Mutex<State>,
+}
+
+/// The template in use and its making: a template is made on a thread of its own (at 1000
+/// pods it detaches ~2000 mounts, each waiting for an RCU grace period: ~0.1-0.6 s), while
+/// calls go on with the one they have — or, before the first exists, in the host's namespace.
+#[derive(Debug, Default)]
+struct State {
+    current: Option<Arc<Template>>,
+    making: bool,
+    /// When the last making started: a failed one is tried again after `max_age`.
+    tried: Option<Instant>,
+    /// The first one failed: this host cannot (logged once); calls stay in the host's.
+    disabled: bool,
 }
 
 impl RuntimeMountNs {
-    /// Makes the first template, hiding every mount below `state_root` and at or below each
-    /// of `pin_dirs` (a pin dir that holds the state root is left alone: the runtime needs
-    /// its state). `Err`: this host cannot; runtime calls stay in the host's namespace.
-    pub fn new(state_root: &Path, pin_dirs: &[&Path]) -> Result<Self, HostError> {
+    /// Starts making the first template, hiding every mount below `state_root` and at or
+    /// below each of `pin_dirs` (a pin dir that holds the state root is left alone: the
+    /// runtime needs its state). Until it exists, and for good if it cannot be made (logged),
+    /// runtime calls run in the host's namespace.
+    pub fn new(state_root: &Path, pin_dirs: &[&Path]) -> Result<Arc<Self>, HostError> {
         Self::with_max_age(state_root, pin_dirs, MAX_AGE)
     }
 
@@ -80,7 +97,7 @@ impl RuntimeMountNs {
         state_root: &Path,
         pin_dirs: &[&Path],
         max_age: Duration,
-    ) -> Result<Self, HostError> {
+    ) -> Result<Arc<Self>, HostError> {
         let real = |p: &Path| std::fs::canonicalize(p).map_err(|e| HostError::io("resolve", p, e));
         let root = real(state_root)?;
         let mut hidden = vec![Hidden {
@@ -96,32 +113,95 @@ impl RuntimeMountNs {
                 });
             }
         }
-        let first = make_template(&hidden)?;
-        Ok(RuntimeMountNs {
+        let ns = Arc::new(RuntimeMountNs {
             hidden,
             max_age,
-            current: Mutex::new(Arc::new(first)),
-        })
+            state: Mutex::new(State::default()),
+        });
+        ns.template();
+        Ok(ns)
     }
 
-    /// The template to use now: the current one, or a new one when it is too old (if making
-    /// one fails, the old one serves on).
-    fn template(&self) -> Arc<Template> {
-        let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if cur.made.elapsed() >= self.max_age {
-            match make_template(&self.hidden) {
-                Ok(t) => *cur = Arc::new(t),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot renew the runtime's mount namespace; the old one serves on")
-                }
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The template to use now (`None`: the host's namespace); starts making a new one in
+    /// the background when it is older than `max_age`.
+    fn template(self: &Arc<Self>) -> Option<Arc<Template>> {
+        let mut st = self.lock();
+        if st.disabled {
+            return None;
+        }
+        let stale = st
+            .current
+            .as_ref()
+            .is_none_or(|t| t.made.elapsed() >= self.max_age);
+        let may_try = st.tried.is_none_or(|t| {
+            st.current.is_some() || t.elapsed() >= self.max_age // a failed renewal waits
+        });
+        if stale && !st.making && may_try {
+            st.making = true;
+            st.tried = Some(Instant::now());
+            let me = Arc::clone(self);
+            let first = st.current.is_none();
+            let spawned = std::thread::Builder::new()
+                .name("runtime-mntns".into())
+                .spawn(move || me.make(first));
+            if spawned.is_err() {
+                st.making = false;
             }
         }
-        cur.clone()
+        st.current.clone()
+    }
+
+    /// Makes a template and puts it in use (the first one also proves a thread can enter it:
+    /// a host that refuses that, an LSM or a seccomp filter, keeps the runtime in its own).
+    fn make(&self, first: bool) {
+        let made = make_template(&self.hidden).and_then(|t| {
+            if first {
+                let ns =
+                    t.ns.try_clone()
+                        .map_err(|e| HostError::io("dup", "the runtime's mount namespace", e))?;
+                on_own_thread("entering the runtime's mount namespace", move || {
+                    nix::sched::setns(&ns, CloneFlags::CLONE_NEWNS)
+                        .map_err(|e| HostError::sys("enter", "the runtime's mount namespace", e))
+                })?;
+            }
+            Ok(t)
+        });
+        let mut st = self.lock();
+        st.making = false;
+        match made {
+            Ok(t) => st.current = Some(Arc::new(t)),
+            Err(e) if first => {
+                st.disabled = true;
+                tracing::warn!(error = %e, "the OCI runtime runs in the host's mount namespace");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot renew the runtime's mount namespace; the old one serves on")
+            }
+        }
+    }
+
+    /// Waits until the first template is in use (or cannot be made); whether it is.
+    pub fn wait_ready(self: &Arc<Self>, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            let st = self.lock();
+            if st.current.is_some() || st.disabled || Instant::now() >= deadline {
+                return st.current.is_some();
+            }
+            drop(st);
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Makes `cmd` run in the template (for calls on an existing container).
-    pub fn enter(&self, cmd: &mut Command) {
-        let t = self.template();
+    pub fn enter(self: &Arc<Self>, cmd: &mut Command) {
+        let Some(t) = self.template() else {
+            return;
+        };
         // SAFETY: setns is async-signal-safe; the closure owns the template, so its fd is open
         // whenever the command is spawned.
         unsafe {
@@ -137,8 +217,8 @@ impl RuntimeMountNs {
     /// The namespace for `runtime create` of the bundle at `bundle`: a copy of the template
     /// with the paths the bundle's spec names carried in from the host. `None` (and why, in
     /// the log) when it cannot be made: create runs in the host's namespace then.
-    pub fn for_create(&self, id: &str, bundle: &Path) -> Option<OwnedFd> {
-        let t = self.template();
+    pub fn for_create(self: &Arc<Self>, id: &str, bundle: &Path) -> Option<OwnedFd> {
+        let t = self.template()?;
         match spec_paths(bundle).and_then(|paths| carry_into_copy(&t, &paths)) {
             Ok(fd) => Some(fd),
             Err(e) => {
@@ -196,7 +276,8 @@ fn on_own_thread<T: Send + 'static>(
 /// A new template: a slave copy of our namespace with the hidden dirs' mounts detached.
 fn make_template(hidden: &[Hidden]) -> Result<Template, HostError> {
     let hidden = hidden.to_vec();
-    on_own_thread("the runtime's mount namespace", move || {
+    let started = Instant::now();
+    let t = on_own_thread("the runtime's mount namespace", move || {
         nix::sched::unshare(CloneFlags::CLONE_NEWNS)
             .map_err(|e| HostError::sys("unshare", "a mount namespace", e))?;
         // Before anything else: the copy's mounts are peers of the host's, and an unmount
@@ -236,8 +317,15 @@ fn make_template(hidden: &[Hidden]) -> Result<Template, HostError> {
             ns: open_fd(Path::new("/proc/thread-self/ns/mnt"), libc::O_RDONLY)?,
             root: open_fd(Path::new("/"), libc::O_PATH | libc::O_DIRECTORY)?,
             made: Instant::now(),
+            detached: gone.len(),
         })
-    })
+    })?;
+    tracing::debug!(
+        detached = t.detached,
+        elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
+        "made the runtime's mount namespace"
+    );
+    Ok(t)
 }
 
 /// The host paths the runtime resolves while creating the container of this bundle: its
@@ -443,6 +531,7 @@ mod tests {
         .unwrap();
         let before = s.ours(&host_mountinfo()).len();
         let ns = RuntimeMountNs::new(&root, &[&pins]).unwrap();
+        assert!(ns.wait_ready(Duration::from_secs(10)));
 
         // Calls on existing containers: none of the state root's or pin dir's mounts.
         let seen = s.ours(&sh_in("cat /proc/self/mountinfo", |c| ns.enter(c)));
@@ -502,6 +591,7 @@ mod tests {
         let root = s.0.join("root");
         std::fs::create_dir_all(root.join("containers/c")).unwrap();
         let ns = RuntimeMountNs::new(&root, &[]).unwrap();
+        assert!(ns.wait_ready(Duration::from_secs(10)));
         // A source inside a tmpfs the host mounted later: not in the template, not a mount.
         let vol = s.tmpfs("late", "f", "x");
         std::fs::create_dir_all(vol.join("sub")).unwrap();
@@ -525,10 +615,26 @@ mod tests {
         std::fs::create_dir_all(&root).unwrap();
         let gone = s.tmpfs("gone", "f", "x");
         let ns = RuntimeMountNs::with_max_age(&root, &[], Duration::ZERO).unwrap();
+        assert!(ns.wait_ready(Duration::from_secs(10)));
+        let first = ns.template().unwrap();
+        assert!(!s
+            .ours(&sh_in("cat /proc/self/mountinfo", |c| setns_to(
+                c,
+                first.ns.as_raw_fd()
+            )))
+            .is_empty());
         umount2(&gone, MntFlags::MNT_DETACH).unwrap();
         // The first template copied it (a private mount on this host: no unmount reaches a
-        // copy); the renewed one does not have it.
-        let seen = s.ours(&sh_in("cat /proc/self/mountinfo", |c| ns.enter(c)));
-        assert_eq!(seen, Vec::<PathBuf>::new());
+        // copy); a renewed one, made in the background once the first is too old, does not.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let seen = s.ours(&sh_in("cat /proc/self/mountinfo", |c| ns.enter(c)));
+            if seen.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "never renewed: {seen:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(first);
     }
 }
