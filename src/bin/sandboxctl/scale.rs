@@ -57,7 +57,6 @@ struct Mem {
     rss: u64,
     pss: u64,
     uss: u64,
-    count: u64,
 }
 
 impl std::ops::AddAssign for Mem {
@@ -65,7 +64,6 @@ impl std::ops::AddAssign for Mem {
         self.rss += o.rss;
         self.pss += o.pss;
         self.uss += o.uss;
-        self.count += o.count;
     }
 }
 
@@ -81,14 +79,15 @@ fn smaps(pid: u32) -> Mem {
         rss: field("Rss:"),
         pss: field("Pss:"),
         uss: field("Private_Clean:") + field("Private_Dirty:"),
-        count: 1,
     }
 }
 
-/// (the daemon's memory, the per-pod processes' memory).
-fn memory(daemon: Option<u32>, procs: &[String]) -> (Mem, Mem) {
+/// (the daemon's memory, the per-pod processes' memory, the USS of one per-pod process in
+/// KiB: the median of each command name's processes, averaged over the names).
+fn memory(daemon: Option<u32>, procs: &[String]) -> (Mem, Mem, f64) {
     let d = daemon.map(smaps).unwrap_or_default();
     let mut p = Mem::default();
+    let mut uss: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
             continue;
@@ -96,10 +95,16 @@ fn memory(daemon: Option<u32>, procs: &[String]) -> (Mem, Mem) {
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
         // The kernel keeps 15 bytes of a command name.
         if procs.iter().any(|n| comm.trim() == &n[..n.len().min(15)]) {
-            p += smaps(pid);
+            let m = smaps(pid);
+            uss.entry(comm.trim().to_string())
+                .or_default()
+                .push(m.uss as f64);
+            p += m;
         }
     }
-    (d, p)
+    let medians: Vec<f64> = uss.values_mut().map(|v| pct(v, 50.0)).collect();
+    let one = medians.iter().sum::<f64>() / medians.len().max(1) as f64;
+    (d, p, one)
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -265,7 +270,7 @@ where
 /// `scale up`: one markdown row per point.
 pub async fn up(ch: Channel, u: Up) -> Result<(), String> {
     let u = Arc::new(u);
-    let (d0, p0) = memory(u.daemon_pid, &u.procs);
+    let (d0, p0, _) = memory(u.daemon_pid, &u.procs);
     let mut points = u.points.clone();
     points.retain(|p| *p > 0 && *p < u.pods);
     points.push(u.pods);
@@ -324,9 +329,8 @@ pub async fn up(ch: Channel, u: Up) -> Result<(), String> {
             },
         )
         .await?;
-        let (d, p) = memory(u.daemon_pid, &u.procs);
+        let (d, p, one_uss) = memory(u.daemon_pid, &u.procs);
         let per_pod = |a: u64, b: u64| (a.saturating_sub(b)) as f64 / 1024.0 / point as f64;
-        let procs = p.count.saturating_sub(p0.count).max(1) as f64;
         println!(
             "| {} | {point} | {rate:.1} | {:.0}/{:.0}/{:.0} | {pods} | {ps} | {status} | {stats} | {:.2} ({:.2}) | {:.0} |",
             u.label,
@@ -335,7 +339,7 @@ pub async fn up(ch: Channel, u: Up) -> Result<(), String> {
             pct(&mut start, 50.0),
             per_pod(d.rss + p.rss, d0.rss + p0.rss),
             per_pod(d.pss + p.pss, d0.pss + p0.pss),
-            (p.uss.saturating_sub(p0.uss)) as f64 / procs,
+            one_uss,
         );
     }
     Ok(())
