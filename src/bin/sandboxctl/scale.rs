@@ -96,6 +96,9 @@ fn memory(daemon: Option<u32>, procs: &[String]) -> (Mem, Mem, f64) {
         // The kernel keeps 15 bytes of a command name.
         if procs.iter().any(|n| comm.trim() == &n[..n.len().min(15)]) {
             let m = smaps(pid);
+            if m.rss == 0 {
+                continue; // exited, not yet reaped: no memory to speak of
+            }
             uss.entry(comm.trim().to_string())
                 .or_default()
                 .push(m.uss as f64);
