@@ -386,7 +386,9 @@ fn carry_into_copy(t: &Template, paths: &[PathBuf]) -> Result<OwnedFd, HostError
             return Err(HostError::format("/", "the whole root cannot be carried"));
         }
         exists_in(t, &p)?;
-        let tree = crate::mounts::clone_tree(&p, true)?;
+        // A dir with its submounts (rbind); a file alone: a recursive clone of a file would
+        // walk every submount of the filesystem holding it (`/`: all the pods').
+        let tree = crate::mounts::clone_tree(&p, p.is_dir())?;
         carried.push((p, tree));
     }
     let ns =
