@@ -229,19 +229,6 @@ impl RuntimeMountNs {
     }
 }
 
-/// Makes `cmd` inherit `fd` (at the same number); the caller keeps it open until the spawn.
-pub(crate) fn inherit(cmd: &mut Command, fd: std::os::fd::RawFd) {
-    // SAFETY: fcntl is async-signal-safe and touches no memory of the parent.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
 /// Opens `path` (`O_CLOEXEC` plus `flags`).
 fn open_fd(path: &Path, flags: libc::c_int) -> Result<OwnedFd, HostError> {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())

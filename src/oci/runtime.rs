@@ -214,16 +214,21 @@ impl OciRuntime {
         bundle: &Path,
         files: &ContainerFiles,
     ) -> Result<i32, RuntimeError> {
-        // The small namespace `create` runs in, handed to the monitor as an inherited fd.
+        // The small namespace `create` runs in.
         let ns = self
             .mount_ns
             .as_ref()
             .and_then(|m| m.for_create(id, bundle));
-        let ns_fd = ns.as_ref().map(AsRawFd::as_raw_fd);
+        // The monitor opens it by our fd's /proc path (no fd to inherit, so the spawn needs no
+        // fork of the daemon); we hold it until the call returns.
+        let ns_path = ns.as_ref().map(|fd| {
+            PathBuf::from(format!(
+                "/proc/{}/fd/{}",
+                std::process::id(),
+                fd.as_raw_fd()
+            ))
+        });
         let mut c = Command::new(&self.monitor);
-        if let Some(fd) = ns_fd {
-            super::mount_ns::inherit(&mut c, fd);
-        }
         c.args(
             MonitorArgs {
                 runtime: self.path.clone(),
@@ -239,7 +244,7 @@ impl OciRuntime {
                 attach_socket: files.attach_socket.clone(),
                 stdin: files.stdin,
                 console_socket: files.console_socket.clone(),
-                runtime_mount_ns_fd: ns_fd,
+                runtime_mount_ns: ns_path,
             }
             .to_args(),
         );

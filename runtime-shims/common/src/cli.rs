@@ -6,7 +6,7 @@
 //! sandboxd-monitor --runtime PATH --runtime-root DIR --id ID --bundle DIR
 //!   --pid-file FILE --exit-file FILE --runtime-log FILE --monitor-pid-file FILE
 //!   [--log-path FILE] [--attach-socket SOCK] [--stdin none|open|once]
-//!   [--console-socket SOCK] [--runtime-mount-ns-fd FD] [--runtime-arg FLAG]...
+//!   [--console-socket SOCK] [--runtime-mount-ns PATH] [--runtime-arg FLAG]...
 //! sandboxd-monitor exec --runtime PATH --runtime-root DIR [--runtime-arg FLAG]...
 //!   --id ID --pid-file FILE [--console-socket SOCK] -- CMD...
 //! ```
@@ -28,7 +28,7 @@ const LOG_PATH: &str = "--log-path";
 const ATTACH_SOCKET: &str = "--attach-socket";
 const STDIN: &str = "--stdin";
 const CONSOLE_SOCKET: &str = "--console-socket";
-const RUNTIME_MOUNT_NS_FD: &str = "--runtime-mount-ns-fd";
+const RUNTIME_MOUNT_NS: &str = "--runtime-mount-ns";
 const VERSION: &str = "--version";
 /// The first argument of the exec mode.
 pub const EXEC: &str = "exec";
@@ -89,9 +89,10 @@ pub struct MonitorArgs {
     /// The container has a terminal: the runtime hands its master to this socket, and the
     /// monitor reads output from it and writes attach clients' input to it.
     pub console_socket: Option<PathBuf>,
-    /// An inherited fd of the mount namespace `runtime create` runs in (the daemon's small
-    /// one for this container); without it, the monitor's own.
-    pub runtime_mount_ns_fd: Option<i32>,
+    /// The mount namespace `runtime create` runs in (the daemon's small one for this
+    /// container, as `/proc/<daemon>/fd/<n>` while the daemon holds it); without it, the
+    /// monitor's own.
+    pub runtime_mount_ns: Option<PathBuf>,
 }
 
 /// What the monitor's command line asks for.
@@ -129,8 +130,8 @@ impl MonitorArgs {
         if let Some(s) = &self.console_socket {
             a.opt(CONSOLE_SOCKET, s);
         }
-        if let Some(fd) = self.runtime_mount_ns_fd {
-            a.opt(RUNTIME_MOUNT_NS_FD, fd.to_string());
+        if let Some(p) = &self.runtime_mount_ns {
+            a.opt(RUNTIME_MOUNT_NS, p);
         }
         a.0
     }
@@ -139,7 +140,7 @@ impl MonitorArgs {
     /// repeated one counts last.
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
         const KNOWN: [&str; 13] = [
-            RUNTIME_MOUNT_NS_FD,
+            RUNTIME_MOUNT_NS,
             RUNTIME,
             RUNTIME_ROOT,
             ID,
@@ -185,15 +186,7 @@ impl MonitorArgs {
             attach_socket: v.remove(ATTACH_SOCKET).map(PathBuf::from),
             console_socket: v.remove(CONSOLE_SOCKET).map(PathBuf::from),
             stdin: StdinMode::parse(v.remove(STDIN).as_deref())?,
-            runtime_mount_ns_fd: match v.remove(RUNTIME_MOUNT_NS_FD) {
-                None => None,
-                Some(fd) => Some(
-                    fd.parse::<i32>()
-                        .ok()
-                        .filter(|fd| *fd > 2)
-                        .ok_or_else(|| format!("{RUNTIME_MOUNT_NS_FD} {fd}: not an fd above 2"))?,
-                ),
-            },
+            runtime_mount_ns: v.remove(RUNTIME_MOUNT_NS).map(PathBuf::from),
         })))
     }
 }
@@ -317,7 +310,7 @@ mod tests {
             attach_socket: Some("/s/a.sock".into()),
             stdin: StdinMode::Once,
             console_socket: None,
-            runtime_mount_ns_fd: None,
+            runtime_mount_ns: None,
         }
     }
 
@@ -340,12 +333,12 @@ mod tests {
             attach_socket: None,
             stdin: StdinMode::None,
             console_socket: Some("/s/c.sock".into()),
-            runtime_mount_ns_fd: Some(7),
+            runtime_mount_ns: Some("/proc/1/fd/7".into()),
             ..monitor_args()
         };
         let argv = strings(minimal.to_args());
         assert!(!argv.iter().any(|a| a == STDIN), "{argv:?}");
-        assert!(argv.ends_with(&["--runtime-mount-ns-fd".into(), "7".into()]));
+        assert!(argv.ends_with(&["--runtime-mount-ns".into(), "/proc/1/fd/7".into()]));
         assert_eq!(
             MonitorArgs::parse(argv),
             Ok(Parsed::Monitor(Box::new(minimal)))
@@ -364,12 +357,6 @@ mod tests {
         );
         assert_eq!(parse("--id x"), Err("--runtime is required".into()));
         let mut argv = strings(monitor_args().to_args());
-        let mut fd = argv.clone();
-        fd.extend(["--runtime-mount-ns-fd".into(), "1".into()]);
-        assert_eq!(
-            MonitorArgs::parse(fd),
-            Err("--runtime-mount-ns-fd 1: not an fd above 2".into())
-        );
         argv.extend(["--stdin".into(), "maybe".into()]);
         assert_eq!(
             MonitorArgs::parse(argv),

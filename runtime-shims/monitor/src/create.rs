@@ -89,27 +89,31 @@ pub fn create(args: &MonitorArgs) -> Result<Created, String> {
         })
         .stdout(Stdio::from(out_w))
         .stderr(Stdio::from(err_w));
-    if let Some(fd) = args.runtime_mount_ns_fd {
+    // The daemon's small mount namespace for this create, held open by us until the runtime
+    // has entered it.
+    let mount_ns = match &args.runtime_mount_ns {
+        Some(p) => Some(
+            File::open(p).map_err(|e| format!("runtime mount namespace {}: {e}", p.display()))?,
+        ),
+        None => None,
+    };
+    if let Some(fd) = mount_ns.as_ref().map(AsRawFd::as_raw_fd) {
         use std::os::unix::process::CommandExt;
-        // SAFETY: setns and close are async-signal-safe and touch no memory of the parent.
+        // SAFETY: setns is async-signal-safe and touches no memory of the parent.
         unsafe {
             cmd.pre_exec(move || {
                 if libc::setns(fd, libc::CLONE_NEWNS) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                libc::close(fd);
                 Ok(())
             });
         }
     }
     let spawned = cmd.spawn();
     drop(cmd); // closes our copies of the write ends
-    if let Some(fd) = args.runtime_mount_ns_fd {
-        // The namespace lives on in the runtime (and goes with it); the container's own is
-        // a copy the runtime makes.
-        // SAFETY: the daemon handed this fd to us alone; nothing else uses it.
-        unsafe { libc::close(fd) };
-    }
+               // The namespace lives on in the runtime (and goes with it); the container's own is a
+               // copy the runtime makes.
+    drop(mount_ns);
     let mut child =
         spawned.map_err(|e| format!("cannot execute {}: {e}", args.runtime.display()))?;
     // With a terminal, the runtime connects to the console socket during create and sends
