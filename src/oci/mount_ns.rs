@@ -82,6 +82,8 @@ struct State {
     tried: Option<Instant>,
     /// The first one failed: this host cannot (logged once); calls stay in the host's.
     disabled: bool,
+    /// The last one was dropped for its age with no call to renew it.
+    dropped: bool,
 }
 
 impl RuntimeMountNs {
@@ -119,6 +121,27 @@ impl RuntimeMountNs {
             state: Mutex::new(State::default()),
         });
         ns.template();
+        // An idle node renews nothing: a template too old is dropped instead (the next call
+        // starts a new one), so what it holds of the host's mounts lives at most ~2 × max_age.
+        let weak = Arc::downgrade(&ns);
+        let period = max_age.max(Duration::from_secs(1));
+        let _ = std::thread::Builder::new()
+            .name("runtime-mntns-gc".into())
+            .spawn(move || loop {
+                std::thread::sleep(period);
+                let Some(ns) = weak.upgrade() else {
+                    return;
+                };
+                let mut st = ns.lock();
+                if st
+                    .current
+                    .as_ref()
+                    .is_some_and(|t| t.made.elapsed() >= ns.max_age)
+                {
+                    st.current = None;
+                    st.dropped = true;
+                }
+            });
         Ok(ns)
     }
 
@@ -137,14 +160,15 @@ impl RuntimeMountNs {
             .current
             .as_ref()
             .is_none_or(|t| t.made.elapsed() >= self.max_age);
-        let may_try = st.tried.is_none_or(|t| {
-            st.current.is_some() || t.elapsed() >= self.max_age // a failed renewal waits
-        });
+        // A failed making is tried again after max_age (a dropped old one: at once).
+        let may_try = st
+            .tried
+            .is_none_or(|t| st.current.is_some() || st.dropped || t.elapsed() >= self.max_age);
         if stale && !st.making && may_try {
             st.making = true;
             st.tried = Some(Instant::now());
             let me = Arc::clone(self);
-            let first = st.current.is_none();
+            let first = st.current.is_none() && !st.dropped;
             let spawned = std::thread::Builder::new()
                 .name("runtime-mntns".into())
                 .spawn(move || me.make(first));
@@ -173,13 +197,17 @@ impl RuntimeMountNs {
         let mut st = self.lock();
         st.making = false;
         match made {
-            Ok(t) => st.current = Some(Arc::new(t)),
+            Ok(t) => {
+                st.current = Some(Arc::new(t));
+                st.dropped = false;
+            }
             Err(e) if first => {
                 st.disabled = true;
                 tracing::warn!(error = %e, "the OCI runtime runs in the host's mount namespace");
             }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot renew the runtime's mount namespace; the old one serves on")
+                st.dropped = false; // tried again after max_age, not at every call
+                tracing::warn!(error = %e, "cannot renew the runtime's mount namespace; the old one (if any) serves on")
             }
         }
     }
@@ -613,17 +641,41 @@ mod tests {
             )))
             .is_empty());
         umount2(&gone, MntFlags::MNT_DETACH).unwrap();
+        let unmounted = Instant::now();
         // The first template copied it (a private mount on this host: no unmount reaches a
-        // copy); a renewed one, made in the background once the first is too old, does not.
+        // copy); one made later, once the first is too old, does not.
         let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let seen = s.ours(&sh_in("cat /proc/self/mountinfo", |c| ns.enter(c)));
-            if seen.is_empty() {
-                break;
+        let renewed = loop {
+            match ns.template() {
+                Some(t) if t.made > unmounted => break t,
+                _ => assert!(Instant::now() < deadline, "never renewed"),
             }
-            assert!(Instant::now() < deadline, "never renewed: {seen:?}");
             std::thread::sleep(Duration::from_millis(10));
-        }
+        };
+        let seen = s.ours(&sh_in("cat /proc/self/mountinfo", |c| {
+            setns_to(c, renewed.ns.as_raw_fd())
+        }));
+        assert_eq!(seen, Vec::<PathBuf>::new());
         drop(first);
+    }
+
+    #[test]
+    fn an_idle_template_is_dropped_and_made_anew_at_the_next_call() {
+        let s = Scratch::new("idle");
+        let root = s.0.join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        let ns = RuntimeMountNs::with_max_age(&root, &[], Duration::ZERO).unwrap();
+        assert!(ns.wait_ready(Duration::from_secs(10)));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while ns.lock().current.is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "an idle template was never dropped"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // The next call goes on in the host's namespace and starts a new one.
+        assert!(ns.template().is_none());
+        assert!(ns.wait_ready(Duration::from_secs(10)));
     }
 }
