@@ -36,6 +36,10 @@ use nix::sched::CloneFlags;
 
 use crate::error::HostError;
 
+/// The dirs under the state root where pods' mounts go (rootfs overlays, shm, idmapped
+/// trees): their mounts are what the template leaves out.
+const POD_MOUNT_DIRS: [&str; 3] = ["containers", "sandboxes", "userns"];
+
 /// How long one template serves before the next use makes a new one.
 pub const MAX_AGE: Duration = Duration::from_secs(30);
 
@@ -87,8 +91,8 @@ struct State {
 }
 
 impl RuntimeMountNs {
-    /// Starts making the first template, hiding every mount below `state_root` and at or
-    /// below each of `pin_dirs` (a pin dir that holds the state root is left alone: the
+    /// Starts making the first template, hiding every mount below the pods' dirs of
+    /// `state_root` and at or below each of `pin_dirs` (a pin dir that holds the state root is left alone: the
     /// runtime needs its state). Until it exists, and for good if it cannot be made (logged),
     /// runtime calls run in the host's namespace.
     pub fn new(state_root: &Path, pin_dirs: &[&Path]) -> Result<Arc<Self>, HostError> {
@@ -102,10 +106,15 @@ impl RuntimeMountNs {
     ) -> Result<Arc<Self>, HostError> {
         let real = |p: &Path| std::fs::canonicalize(p).map_err(|e| HostError::io("resolve", p, e));
         let root = real(state_root)?;
-        let mut hidden = vec![Hidden {
-            dir: root.clone(),
-            with_self: false,
-        }];
+        // Only where pods' mounts go: a mount elsewhere under the root (the runtime's state
+        // dir on a tmpfs of its own, say) stays, the runtime needs it.
+        let mut hidden: Vec<Hidden> = POD_MOUNT_DIRS
+            .iter()
+            .map(|d| Hidden {
+                dir: root.join(d),
+                with_self: false,
+            })
+            .collect();
         for d in pin_dirs {
             let dir = real(d)?;
             if !root.starts_with(&dir) {
@@ -138,8 +147,10 @@ impl RuntimeMountNs {
                     .as_ref()
                     .is_some_and(|t| t.made.elapsed() >= ns.max_age)
                 {
-                    st.current = None;
+                    let old = st.current.take();
                     st.dropped = true;
+                    drop(st);
+                    drop(old);
                 }
             });
         Ok(ns)
@@ -163,7 +174,7 @@ impl RuntimeMountNs {
         // A failed making is tried again after max_age (a dropped old one: at once).
         let may_try = st
             .tried
-            .is_none_or(|t| st.current.is_some() || st.dropped || t.elapsed() >= self.max_age);
+            .is_none_or(|t| st.dropped || t.elapsed() >= self.max_age);
         if stale && !st.making && may_try {
             st.making = true;
             st.tried = Some(Instant::now());
@@ -196,9 +207,10 @@ impl RuntimeMountNs {
         });
         let mut st = self.lock();
         st.making = false;
+        let mut old = None;
         match made {
             Ok(t) => {
-                st.current = Some(Arc::new(t));
+                old = st.current.replace(Arc::new(t));
                 st.dropped = false;
             }
             Err(e) if first => {
@@ -210,6 +222,9 @@ impl RuntimeMountNs {
                 tracing::warn!(error = %e, "cannot renew the runtime's mount namespace; the old one (if any) serves on")
             }
         }
+        // Tearing the old namespace down (thousands of mounts) happens without the lock.
+        drop(st);
+        drop(old);
     }
 
     /// Waits until the first template is in use (or cannot be made); whether it is.
@@ -387,6 +402,10 @@ fn carry_into_copy(t: &Template, paths: &[PathBuf]) -> Result<OwnedFd, HostError
     for p in paths {
         if !p.is_absolute() {
             return Err(HostError::format(p.display(), "not an absolute path"));
+        }
+        if p.starts_with("/proc") {
+            // The template's /proc is the host's procfs (an infra process's namespaces).
+            continue;
         }
         real.push(std::fs::canonicalize(p).map_err(|e| HostError::io("resolve", p, e))?);
     }
@@ -606,23 +625,27 @@ mod tests {
     fn a_path_the_runtime_could_not_see_keeps_create_in_the_hosts_namespace() {
         let s = Scratch::new("fallback");
         let root = s.0.join("root");
-        std::fs::create_dir_all(root.join("containers/c")).unwrap();
+        // Inside a pod's mount, which the template leaves out (whatever the host's
+        // propagation), and not itself a mount: nowhere to carry it to.
+        let vol = s.tmpfs("root/containers/c/vol", "f", "x");
+        std::fs::create_dir_all(vol.join("sub")).unwrap();
         let ns = RuntimeMountNs::new(&root, &[]).unwrap();
         assert!(ns.wait_ready(Duration::from_secs(10)));
-        // A source inside a tmpfs the host mounted later: not in the template, not a mount.
-        let vol = s.tmpfs("late", "f", "x");
-        std::fs::create_dir_all(vol.join("sub")).unwrap();
-        let spec = serde_json::json!({
-            "root": {"path": "/"},
-            "mounts": [{"destination": "/v", "type": "bind", "source": vol.join("sub")}],
-        });
-        std::fs::write(root.join("containers/c/config.json"), spec.to_string()).unwrap();
-        assert!(ns.for_create("c", &root.join("containers/c")).is_none());
         let spec = serde_json::json!({
             "mounts": [{"destination": "/v", "type": "bind", "source": vol.join("sub")}],
         });
         std::fs::write(root.join("containers/c/config.json"), spec.to_string()).unwrap();
         assert!(ns.for_create("c", &root.join("containers/c")).is_none());
+        // The whole root cannot be carried either.
+        let spec = serde_json::json!({"root": {"path": "/"}});
+        std::fs::write(root.join("containers/c/config.json"), spec.to_string()).unwrap();
+        assert!(ns.for_create("c", &root.join("containers/c")).is_none());
+        // An infra process's namespaces (/proc paths) need no carrying.
+        let spec = serde_json::json!({
+            "linux": {"namespaces": [{"type": "ipc", "path": "/proc/1/ns/ipc"}]},
+        });
+        std::fs::write(root.join("containers/c/config.json"), spec.to_string()).unwrap();
+        assert!(ns.for_create("c", &root.join("containers/c")).is_some());
     }
 
     #[test]
@@ -631,6 +654,15 @@ mod tests {
         let root = s.0.join("root");
         std::fs::create_dir_all(&root).unwrap();
         let gone = s.tmpfs("gone", "f", "x");
+        // Private: no unmount reaches a copy, whatever the host's propagation.
+        mount(
+            None::<&str>,
+            &gone,
+            None::<&str>,
+            MsFlags::MS_PRIVATE,
+            None::<&str>,
+        )
+        .unwrap();
         let ns = RuntimeMountNs::with_max_age(&root, &[], Duration::ZERO).unwrap();
         assert!(ns.wait_ready(Duration::from_secs(10)));
         let first = ns.template().unwrap();
@@ -642,8 +674,7 @@ mod tests {
             .is_empty());
         umount2(&gone, MntFlags::MNT_DETACH).unwrap();
         let unmounted = Instant::now();
-        // The first template copied it (a private mount on this host: no unmount reaches a
-        // copy); one made later, once the first is too old, does not.
+        // The first template copied it; one made later, once the first is too old, does not.
         let deadline = Instant::now() + Duration::from_secs(10);
         let renewed = loop {
             match ns.template() {
