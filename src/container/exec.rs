@@ -36,7 +36,7 @@ pub(crate) fn exec_sync(
     let pid_file = rec
         .dir
         .join(format!("exec-{}.pid", &crate::validate::new_id()[..12]));
-    let c = runtime.exec_command(&rec.id, &pid_file, None, cmd);
+    let c = runtime.exec_command(&rec.id, &pid_file, None, cmd, !timeout.is_zero());
     let limits = crate::process::Limits {
         timeout: (!timeout.is_zero()).then_some(timeout),
         stdout_cap: MAX_EXEC_OUTPUT,

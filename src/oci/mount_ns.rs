@@ -11,7 +11,9 @@
 //! (the host's later mounts and unmounts in shared trees reach it; nothing done in it reaches
 //! the host), in which every mount under the daemon's own dirs (the state root, the namespace
 //! pin dirs) is detached. Calls on an existing container (`start`, `state`, `kill`,
-//! `delete`, `exec`, `update`, `events`) enter the template. `create` runs in a throwaway copy
+//! `delete`, `update`, `events`, and `exec` for an ExecSync with a time limit: kubelet's
+//! probes) enter the template; an open-ended exec session runs in the host's namespace, so it
+//! holds no template for long. `create` runs in a throwaway copy
 //! of the template into which exactly the paths the bundle names (the rootfs, the namespace
 //! files, every bind-mount source) are carried as fresh clones of the host's view
 //! (`open_tree` + `move_mount`): shared sources stay peers of the host's, so mount propagation
@@ -20,8 +22,9 @@
 //! the background) at its next use, so a host mount unmounted meanwhile is not held for much
 //! longer than that.
 //!
-//! Anything that cannot be done (a kernel without `open_tree`, a path the template lacks)
-//! runs that call in the host's namespace as before: slower, never different.
+//! Anything that cannot be done (a kernel without `open_tree`, a path the template lacks, a
+//! monitor that cannot open or enter the namespace it is given) runs that call in the host's
+//! namespace as before: slower, never different.
 #![allow(unsafe_code)]
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

@@ -374,13 +374,16 @@ impl OciRuntime {
     /// runtime's `exec --detach` (so the process gets our stdio itself, with no copier in
     /// between that would wait for pipes a background child keeps open), is the subreaper
     /// that reaps it, and exits with its status. With `console`, the process gets a terminal
-    /// handed to that socket.
+    /// handed to that socket. `bounded`: the call ends within a time limit (ExecSync with a
+    /// timeout: kubelet's probes), so it may run in the runtime's mount namespace, which it
+    /// then holds that long; an open-ended session runs in the host's.
     pub fn exec_command(
         &self,
         id: &str,
         pid_file: &Path,
         console: Option<&Path>,
         cmd: &[String],
+        bounded: bool,
     ) -> Command {
         let mut c = Command::new(&self.monitor);
         c.args(
@@ -396,7 +399,7 @@ impl OciRuntime {
             .to_args(),
         )
         .env_remove("NOTIFY_SOCKET");
-        if let Some(ns) = &self.mount_ns {
+        if let Some(ns) = self.mount_ns.as_ref().filter(|_| bounded) {
             ns.enter(&mut c);
         }
         c

@@ -156,8 +156,13 @@ pub async fn exec(
         },
         None => None,
     };
-    let mut c =
-        tokio::process::Command::from(runtime.exec_command(id, &pid_file, console.as_deref(), cmd));
+    let mut c = tokio::process::Command::from(runtime.exec_command(
+        id,
+        &pid_file,
+        console.as_deref(),
+        cmd,
+        false,
+    ));
     c.stdin(if streams.stdin.is_some() && !tty {
         Stdio::piped()
     } else {
