@@ -212,14 +212,16 @@ impl Runtime {
                 name.clone(),
                 OciRuntime {
                     name: name.clone(),
-                    path: h.path.clone(),
+                    // Absolute: a call that enters the runtime's mount namespace starts in `/`.
+                    path: absolute_if_relative(&h.path),
                     args: h.runtime_args.clone(),
                     root: h
                         .root
                         .clone()
                         .unwrap_or_else(|| cfg.root.join("runtime").join(name)),
                     monitor: monitor
-                        .clone()
+                        .as_deref()
+                        .map(absolute_if_relative)
                         .unwrap_or_else(|| PathBuf::from("sandboxd-monitor")),
                     timeout: cfg.runtime_timeout,
                     mount_ns: mount_ns.clone().filter(|_| !h.needs_sandbox_process),
@@ -530,4 +532,37 @@ fn short_hash(s: &str) -> String {
         h = h.wrapping_mul(0x0100_0193);
     }
     format!("{h:08x}")
+}
+
+/// `p` made absolute against the current dir when it is a relative path with a dir in it (a
+/// bare name is looked up in PATH and stays as it is).
+fn absolute_if_relative(p: &Path) -> PathBuf {
+    if p.is_relative() && p.components().count() > 1 {
+        std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+    } else {
+        p.to_path_buf()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::absolute_if_relative;
+    use std::path::{Path, PathBuf};
+
+    #[test]
+    fn runtime_paths_do_not_depend_on_the_working_dir() {
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(
+            absolute_if_relative(Path::new("./bin/runc")),
+            cwd.join("bin/runc")
+        );
+        assert_eq!(
+            absolute_if_relative(Path::new("runc")),
+            PathBuf::from("runc")
+        );
+        assert_eq!(
+            absolute_if_relative(Path::new("/usr/sbin/runc")),
+            PathBuf::from("/usr/sbin/runc")
+        );
+    }
 }
