@@ -5,12 +5,12 @@
 //! and again while creating (the rootfs' parent mount, the cgroup v1 mount): five reads per
 //! pod brought up. Every pod adds about five mounts to the host's table (its namespace pins,
 //! its shm, a rootfs overlay per container), so at 1000 pods each read is ~5000 lines, and
-//! generating and parsing them was a third of the node's CPU during bring-up.
+//! generating and parsing them was over a third of the node's CPU during bring-up.
 //!
 //! So the runtime runs in a *template*: a copy of the host's mount namespace, slave to it
 //! (the host's later mounts and unmounts in shared trees reach it; nothing done in it reaches
-//! the host), in which every mount under the daemon's own dirs (the state root, the namespace
-//! pin dirs) is detached. Calls on an existing container (`start`, `state`, `kill`,
+//! the host), in which every mount where pods' mounts go (the state root's `containers`,
+//! `sandboxes` and `userns` dirs, the namespace pin dirs) is detached. Calls on an existing container (`start`, `state`, `kill`,
 //! `delete`, `update`, `events`, and `exec` for an ExecSync with a time limit: kubelet's
 //! probes) enter the template; an open-ended exec session runs in the host's namespace, so it
 //! holds no template for long. `create` runs in a throwaway copy
@@ -19,8 +19,8 @@
 //! (`open_tree` + `move_mount`): shared sources stay peers of the host's, so mount propagation
 //! is what it would be in the host's namespace. The container itself, after the runtime's
 //! `pivot_root`, sees what it always did. A template older than [`MAX_AGE`] is made anew (in
-//! the background) at its next use, so a host mount unmounted meanwhile is not held for much
-//! longer than that.
+//! the background) at its next use, or dropped by a timer when no call came, so a host mount
+//! unmounted meanwhile is held at most about twice that.
 //!
 //! Anything that cannot be done (a kernel without `open_tree`, a path the template lacks, a
 //! monitor that cannot open or enter the namespace it is given) runs that call in the host's
@@ -95,8 +95,8 @@ struct State {
 
 impl RuntimeMountNs {
     /// Starts making the first template, hiding every mount below the pods' dirs of
-    /// `state_root` and at or below each of `pin_dirs` (a pin dir that holds the state root is left alone: the
-    /// runtime needs its state). Until it exists, and for good if it cannot be made (logged),
+    /// `state_root` and at or below each of `pin_dirs` (a pin dir that holds the state root
+    /// is left alone: the runtime needs its state). Until it exists, and for good if it cannot be made (logged),
     /// runtime calls run in the host's namespace.
     pub fn new(state_root: &Path, pin_dirs: &[&Path]) -> Result<Arc<Self>, HostError> {
         Self::with_max_age(state_root, pin_dirs, MAX_AGE)

@@ -107,9 +107,10 @@ pub fn create(args: &MonitorArgs) -> Result<Created, String> {
         }
     }
     let spawned = cmd.spawn();
-    drop(cmd); // closes our copies of the write ends
-               // The namespace lives on in the runtime (and goes with it); the container's own is a
-               // copy the runtime makes.
+    // Closes our copies of the write ends.
+    drop(cmd);
+    // The namespace lives on in the runtime (and goes with it); the container's own is a copy
+    // the runtime makes.
     drop(mount_ns);
     let mut child =
         spawned.map_err(|e| format!("cannot execute {}: {e}", args.runtime.display()))?;
