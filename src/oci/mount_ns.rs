@@ -27,15 +27,17 @@
 //! namespace as before: slower, never different.
 #![allow(unsafe_code)]
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use nix::fcntl::OFlag;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::CloneFlags;
+use nix::sys::stat::Mode;
 
 use crate::error::HostError;
 
@@ -66,8 +68,6 @@ struct Template {
     ns: OwnedFd,
     root: OwnedFd,
     made: Instant,
-    /// Mounts detached at the top (each took those below it along).
-    detached: usize,
 }
 
 /// The runtime's mount namespace; see the module doc.
@@ -231,7 +231,8 @@ impl RuntimeMountNs {
     }
 
     /// Waits until the first template is in use (or cannot be made); whether it is.
-    pub fn wait_ready(self: &Arc<Self>, within: Duration) -> bool {
+    #[cfg(test)]
+    pub(crate) fn wait_ready(self: &Arc<Self>, within: Duration) -> bool {
         let deadline = Instant::now() + within;
         loop {
             let st = self.lock();
@@ -276,16 +277,9 @@ impl RuntimeMountNs {
 }
 
 /// Opens `path` (`O_CLOEXEC` plus `flags`).
-fn open_fd(path: &Path, flags: libc::c_int) -> Result<OwnedFd, HostError> {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| HostError::format(path.display(), "the path contains NUL"))?;
-    // SAFETY: a valid NUL-terminated path; returns a new fd or -1.
-    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(HostError::io("open", path, std::io::Error::last_os_error()));
-    }
-    // SAFETY: a fresh fd the kernel returned, owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+fn open_fd(path: &Path, flags: OFlag) -> Result<OwnedFd, HostError> {
+    nix::fcntl::open(path, flags | OFlag::O_CLOEXEC, Mode::empty())
+        .map_err(|e| HostError::sys("open", path, e))
 }
 
 /// Runs `f` on a thread of its own (its own fs struct, so its namespace switch touches no
@@ -310,7 +304,7 @@ fn on_own_thread<T: Send + 'static>(
 fn make_template(hidden: &[Hidden]) -> Result<Template, HostError> {
     let hidden = hidden.to_vec();
     let started = Instant::now();
-    let t = on_own_thread("the runtime's mount namespace", move || {
+    on_own_thread("the runtime's mount namespace", move || {
         nix::sched::unshare(CloneFlags::CLONE_NEWNS)
             .map_err(|e| HostError::sys("unshare", "a mount namespace", e))?;
         // Before anything else: the copy's mounts are peers of the host's, and an unmount
@@ -346,19 +340,17 @@ fn make_template(hidden: &[Hidden]) -> Result<Template, HostError> {
             }
             gone.push(p);
         }
+        tracing::debug!(
+            detached = gone.len(),
+            elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "made the runtime's mount namespace"
+        );
         Ok(Template {
-            ns: open_fd(Path::new("/proc/thread-self/ns/mnt"), libc::O_RDONLY)?,
-            root: open_fd(Path::new("/"), libc::O_PATH | libc::O_DIRECTORY)?,
+            ns: open_fd(Path::new("/proc/thread-self/ns/mnt"), OFlag::O_RDONLY)?,
+            root: open_fd(Path::new("/"), OFlag::O_PATH | OFlag::O_DIRECTORY)?,
             made: Instant::now(),
-            detached: gone.len(),
         })
-    })?;
-    tracing::debug!(
-        detached = t.detached,
-        elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
-        "made the runtime's mount namespace"
-    );
-    Ok(t)
+    })
 }
 
 /// The host paths the runtime resolves while creating the container of this bundle: its
@@ -439,33 +431,21 @@ fn carry_into_copy(t: &Template, paths: &[PathBuf]) -> Result<OwnedFd, HostError
         for (p, tree) in &carried {
             crate::mounts::attach(tree, p)?;
         }
-        open_fd(Path::new("/proc/thread-self/ns/mnt"), libc::O_RDONLY)
+        open_fd(Path::new("/proc/thread-self/ns/mnt"), OFlag::O_RDONLY)
     })
 }
 
 /// `Ok` if `p` (absolute, no symlinks) exists in the template, so a clone can go there.
 fn exists_in(t: &Template, p: &Path) -> Result<(), HostError> {
     let rel = p.strip_prefix("/").unwrap_or(p);
-    let c = std::ffi::CString::new(rel.as_os_str().as_encoded_bytes())
-        .map_err(|_| HostError::format(p.display(), "the path contains NUL"))?;
-    // SAFETY: the template's root fd and a valid NUL-terminated relative path.
-    let fd = unsafe {
-        libc::openat(
-            t.root.as_raw_fd(),
-            c.as_ptr(),
-            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(HostError::io(
-            "find in the runtime's mount namespace",
-            p,
-            std::io::Error::last_os_error(),
-        ));
-    }
-    // SAFETY: a fresh fd the kernel returned; closed here.
-    drop(unsafe { OwnedFd::from_raw_fd(fd) });
-    Ok(())
+    nix::fcntl::openat(
+        &t.root,
+        rel,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map(drop)
+    .map_err(|e| HostError::sys("find in the runtime's mount namespace", p, e))
 }
 
 #[cfg(test)]
