@@ -76,7 +76,29 @@ fn message(v: &serde_json::Value) -> Option<String> {
 pub fn command(runtime: &Path, runtime_args: &[String], root: &Path) -> Command {
     let mut c = Command::new(runtime);
     c.args(runtime_args).arg("--root").arg(root);
+    unblock_signals(&mut c);
     c
+}
+
+/// Makes `cmd` start with no signal blocked. The monitor blocks the signals it reads from a
+/// signalfd (SIGCHLD, SIGUSR1, SIGTERM, …), a mask that a child inherits across exec; the
+/// Go runtime of runc then unblocks only the signals it handles itself, so a container's
+/// process would start with SIGUSR1 blocked: a stop signal, log-reopen or reload signal it
+/// could never receive.
+pub fn unblock_signals(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: sigemptyset and sigprocmask are async-signal-safe; the set is a local of the
+    // child's stack.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            if libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 /// Makes `cmd` create its files root's alone (umask 077): the runtime's pid files, logs and
