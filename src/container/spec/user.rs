@@ -172,6 +172,11 @@ pub fn resolve_user(c: &ContainerConfig, image: &ExecConfig, rootfs: &Path) -> R
     additional.extend(s.supplemental_groups.iter().map(|g| *g as u32));
     additional.sort_unstable();
     additional.dedup();
+    // The process's group list holds its primary gid too (as `id -G` shows it and kubelet
+    // expects in `ContainerStatus.user`): first, then the others.
+    let gid = gid.unwrap_or(0);
+    additional.retain(|g| *g != gid);
+    additional.insert(0, gid);
     if additional.len() > 65536 {
         return Err(invalid(format!(
             "the user is in {} groups; the kernel allows 65536",
@@ -180,7 +185,7 @@ pub fn resolve_user(c: &ContainerConfig, image: &ExecConfig, rootfs: &Path) -> R
     }
     Ok(User {
         uid,
-        gid: gid.unwrap_or(0),
+        gid,
         additional_gids: additional,
     })
 }
@@ -204,13 +209,13 @@ mod tests {
         let u = resolve_user(&c, &ExecConfig::default(), &d).unwrap();
         assert_eq!(
             (u.uid, u.gid, u.additional_gids.clone()),
-            (1234, 1235, vec![77])
+            (1234, 1235, vec![1235, 77])
         );
         c.security.run_as_username.clear();
         c.security.run_as_user = Some(5);
         c.security.supplemental_groups = vec![9];
         let u = resolve_user(&c, &ExecConfig::default(), &d).unwrap();
-        assert_eq!((u.uid, u.gid, u.additional_gids), (5, 0, vec![9]));
+        assert_eq!((u.uid, u.gid, u.additional_gids), (5, 0, vec![0, 9]));
         let img = ExecConfig {
             user: "app:extra".into(),
             ..Default::default()
