@@ -348,9 +348,52 @@ fn as_pod_root<T: Send>(
     })
 }
 
+/// Can a process with the filesystem ids `(uid, gid)` and no capability over the node's files
+/// (what a pod's root is, seen from the node) reach `path`? runc pivots into a pod's rootfs
+/// under `<root>/userns/<id>` with those credentials, so every dir above the state root must
+/// let others through. `Err` names the dir that stops it.
+pub fn reachable_as(path: &Path, (uid, gid): (u32, u32)) -> Result<(), HostError> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: setfsgid/setfsuid change this thread's credentials only (raw syscalls,
+            // not glibc's process-wide set*id broadcast); the thread ends after the check.
+            // Changing the filesystem uid from 0 drops the file capabilities (DAC override,
+            // search) from the effective set, so the check is the pod root's own.
+            unsafe {
+                libc::syscall(libc::SYS_setfsgid, gid);
+                libc::syscall(libc::SYS_setfsuid, uid);
+            }
+            match std::fs::symlink_metadata(path) {
+                Ok(_) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    // The dir it cannot pass: the parent of the shortest prefix it cannot stat.
+                    let mut prefixes: Vec<&Path> = path.ancestors().collect();
+                    prefixes.reverse();
+                    let blocker = prefixes
+                        .iter()
+                        .find(|p| std::fs::symlink_metadata(p).is_err())
+                        .and_then(|p| p.parent())
+                        .unwrap_or(path);
+                    Err(HostError::Other(format!(
+                        "{} is not reachable by a pod's root (host uid {uid}): {} lets no \
+                         other user through; make it traversable (chmod o+x) or move the \
+                         state root",
+                        path.display(),
+                        blocker.display()
+                    )))
+                }
+                Err(e) => Err(HostError::io("inspect", path, e)),
+            }
+        })
+        .join()
+        .map_err(|_| HostError::thread_panicked("reachable_as"))?
+    })
+}
+
 /// Can this node run pods in user namespaces: user namespaces, idmapped mounts of the state
 /// root's filesystem, and an overlay over idmapped layers written as the pod's root? Tried
-/// once under `scratch` (removed after); `Err` says what failed.
+/// once under `scratch` (removed after); `Err` says what failed. `scratch`'s parent (the
+/// state root) must be reachable by a pod's root, as its pods' rootfs dirs will be.
 pub fn probe(scratch: &Path) -> Result<(), String> {
     let map = IdMap {
         uids: vec![crate::model::sandbox::IdMapping {
@@ -366,6 +409,9 @@ pub fn probe(scratch: &Path) -> Result<(), String> {
     };
     let _ = crate::mounts::remove_tree(scratch);
     let r = (|| -> Result<(), HostError> {
+        if let Some(root) = scratch.parent() {
+            reachable_as(root, (1 << 30, 1 << 30))?;
+        }
         let ns = open(&map)?;
         let lower = scratch.join("lower");
         crate::state::files::private_dir_all(&lower.join("etc"))?;
