@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use common::cri::*;
 use common::Env;
-use k8s_cri::v1 as cri;
+use sandboxd::api::v1 as cri;
 use tokio_stream::StreamExt;
 
 fn arg(name: &str, default: usize) -> usize {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::daemon::{client, Daemon};
 use common::Env;
-use k8s_cri::v1 as cri;
+use sandboxd::api::v1 as cri;
 
 const IMAGE: &str = "sandboxd.test/busybox:bench-hostile";
 
@@ -184,6 +184,7 @@ fn main() {
                 stdin: false,
                 stdout: true,
                 stderr: false,
+                ..Default::default()
             }))
             .unwrap()
             .into_inner()
@@ -243,6 +244,7 @@ fn main() {
             stdin: false,
             stdout: true,
             stderr: false,
+            ..Default::default()
         }))
         .unwrap()
         .into_inner()

@@ -8,6 +8,7 @@
 // The embedder's API: the runtime, its configuration and errors, the request and record
 // types, the image store, lifecycle events, the streaming server, and the CRI layer with the
 // daemon's socket server (what `sandboxd` itself is built from).
+pub mod api;
 pub mod config;
 pub mod cri;
 pub mod error;
@@ -16,6 +17,7 @@ pub mod health;
 pub mod image;
 pub mod model;
 pub mod server;
+pub mod signals;
 pub mod streaming;
 
 // Internals: public only for this crate's integration tests, benchmarks and fuzz targets —
@@ -405,6 +407,26 @@ impl Runtime {
     /// ReopenContainerLog: the monitor reopens the log file after a rotation.
     pub fn reopen_container_log(&self, id: &str) -> Result<()> {
         container::update::reopen_log(self, id)
+    }
+
+    /// UpdatePodSandboxResources (in-place pod resize): the pod's new resources and overhead,
+    /// recorded (persisted, shown in the verbose status). kubelet sizes the pod cgroup itself
+    /// before it calls this, as with containerd and CRI-O, which record them too.
+    pub fn update_pod_sandbox_resources(
+        &self,
+        id: &str,
+        overhead: Option<container::Resources>,
+        resources: Option<container::Resources>,
+    ) -> Result<()> {
+        let entry = self.lookup(id)?.ok_or_else(|| Error::NotFound {
+            kind: "sandbox",
+            id: id.to_string(),
+        })?;
+        let _op = lock(&entry.op);
+        entry.update(|r| {
+            r.config.overhead = overhead;
+            r.config.resources = resources;
+        })
     }
 
     /// UpdateContainerResources: new CPU and memory limits for a created or running container.

@@ -166,8 +166,8 @@ pub async fn serve(
     metrics: Option<std::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<()> {
-    use k8s_cri::v1::image_service_server::ImageServiceServer;
-    use k8s_cri::v1::runtime_service_server::RuntimeServiceServer;
+    use crate::api::v1::image_service_server::ImageServiceServer;
+    use crate::api::v1::runtime_service_server::RuntimeServiceServer;
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::Config(format!("socket: {e}")))?;

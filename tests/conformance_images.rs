@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use common::cri::*;
 use common::*;
-use k8s_cri::v1 as cri;
+use sandboxd::api::v1 as cri;
 use tonic::Code;
 
 /// Pulls: a client deadline answers DeadlineExceeded; an image whose layers are unpacked
@@ -15,7 +15,7 @@ use tonic::Code;
 #[test]
 fn pulls_deadlines_and_shared_layers() {
     use common::fake_registry::{Answer, FakeRegistry};
-    use k8s_cri::v1::image_service_client::ImageServiceClient;
+    use sandboxd::api::v1::image_service_client::ImageServiceClient;
     let env = Env::new("conf-pull");
     let reg = common::registry::Registry::start(&env.base.join("registry"), None);
     reg.push_busybox("a/busybox", "1", None);

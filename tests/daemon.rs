@@ -12,7 +12,7 @@ use std::process::Command;
 use common::daemon::*;
 use common::pods::*;
 use common::*;
-use k8s_cri::v1 as cri;
+use sandboxd::api::v1 as cri;
 use tonic::Code;
 
 #[test]
@@ -155,8 +155,9 @@ fn lifecycle_and_status_codes() {
             .unwrap_err();
         assert_eq!(e.code(), Code::Unimplemented);
         assert!(e.message().contains("checkpoint"), "{}", e.message());
-        let mut img =
-            k8s_cri::v1::image_service_client::ImageServiceClient::new(channel(&d.socket).await);
+        let mut img = sandboxd::api::v1::image_service_client::ImageServiceClient::new(
+            channel(&d.socket).await,
+        );
         assert!(img
             .list_images(cri::ListImagesRequest::default())
             .await

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use common::daemon::*;
 use common::pods::*;
 use common::*;
-use k8s_cri::v1 as cri;
+use sandboxd::api::v1 as cri;
 
 /// 50 pods created concurrently from 16 tasks, all distinct, then stopped and removed: no leak.
 #[test]

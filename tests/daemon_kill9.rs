@@ -11,7 +11,7 @@ use common::daemon::*;
 use common::pods::*;
 use common::sandboxctl::sandboxctl_ok;
 use common::*;
-use k8s_cri::v1 as cri;
+use sandboxd::api::v1 as cri;
 
 /// kill -9 with 3 pods running; a restarted daemon (replacing the stale socket) lists them
 /// Ready with the same IPs, and stop/remove work.

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::cri::*;
 use common::*;
-use k8s_cri::v1 as cri;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use sandboxd::api::v1 as cri;
+use sandboxd::api::v1::runtime_service_client::RuntimeServiceClient;
 use tokio_stream::StreamExt;
 use tonic::{Code, Streaming};
 

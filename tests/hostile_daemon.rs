@@ -16,7 +16,7 @@ use common::*;
 #[test]
 fn the_daemon_stays_bounded_and_responsive_under_attack() {
     use common::daemon::{client, rt, Daemon};
-    use k8s_cri::v1 as cri;
+    use sandboxd::api::v1 as cri;
     let env = Env::new("hostile-daemon");
     sandboxd::server::raise_fd_limit();
     sandboxd::image::ImageStore::new(env.cfg.root.join("images"))
@@ -64,7 +64,7 @@ fn the_daemon_stays_bounded_and_responsive_under_attack() {
         }))
         .unwrap();
     // Version's latency, and that it answers at all.
-    let version_ms = |c: &mut k8s_cri::v1::runtime_service_client::RuntimeServiceClient<
+    let version_ms = |c: &mut sandboxd::api::v1::runtime_service_client::RuntimeServiceClient<
         tonic::transport::Channel,
     >| {
         let t = std::time::Instant::now();
@@ -138,6 +138,7 @@ fn the_daemon_stays_bounded_and_responsive_under_attack() {
                 stdin: false,
                 stdout: true,
                 stderr: false,
+                ..Default::default()
             }))
             .unwrap()
             .into_inner()
@@ -170,6 +171,7 @@ fn the_daemon_stays_bounded_and_responsive_under_attack() {
             stdin: false,
             stdout: true,
             stderr: false,
+            ..Default::default()
         }))
         .unwrap()
         .into_inner()

@@ -152,7 +152,7 @@ fn sandboxd_layer(root: &Path) -> PathBuf {
 /// from the attachment kept on its own. (Issue item: corrupt records.)
 #[test]
 fn corrupt_records_are_quarantined_and_finished_by_id() {
-    use k8s_cri::v1::runtime_service_server::RuntimeService;
+    use sandboxd::api::v1::runtime_service_server::RuntimeService;
     let env = Env::new("hostile-quarantine");
     let rt = setup(&env);
     let a = rt.run_pod_sandbox(&env.pod("qa", false)).unwrap();
@@ -212,9 +212,11 @@ fn corrupt_records_are_quarantined_and_finished_by_id() {
     let tokio = tokio::runtime::Runtime::new().unwrap();
     let svc = sandboxd::cri::CriService::new(rt.clone());
     let st = tokio
-        .block_on(svc.status(tonic::Request::new(k8s_cri::v1::StatusRequest {
-            verbose: false,
-        })))
+        .block_on(
+            svc.status(tonic::Request::new(sandboxd::api::v1::StatusRequest {
+                verbose: false,
+            })),
+        )
         .unwrap()
         .into_inner();
     let cond = st

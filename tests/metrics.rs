@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::cri::*;
 use common::daemon::{client, rt, Daemon};
 use common::*;
-use k8s_cri::v1 as cri;
+use sandboxd::api::v1 as cri;
 
 /// `/proc/net/dev` counters of `iface` as the container sees them: (rx bytes, rx packets,
 /// tx bytes, tx packets).
@@ -234,7 +234,7 @@ fn prometheus_endpoint() {
     }
     // A pull from a port nothing listens on fails.
     let mut images = rt.block_on(async {
-        k8s_cri::v1::image_service_client::ImageServiceClient::new(
+        sandboxd::api::v1::image_service_client::ImageServiceClient::new(
             common::daemon::channel(&d.socket).await,
         )
     });

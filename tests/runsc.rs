@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::cri::*;
 use common::daemon::{client, Daemon};
 use common::*;
-use k8s_cri::v1 as cri;
+use sandboxd::api::v1 as cri;
 
 fn runsc_missing() -> Option<String> {
     match sh_ok("command -v runsc") {
@@ -330,6 +330,7 @@ fn gvisor_streams_gateway_and_errors() {
             tty: false,
             stdout: true,
             stderr: true,
+            ..Default::default()
         }))
         .unwrap()
         .into_inner()

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::daemon::Daemon;
 use common::sandboxctl::{sandboxctl, sandboxctl_ok};
 use common::*;
-use k8s_cri::v1 as cri;
+use sandboxd::api::v1 as cri;
 
 /// sandboxctl against the daemon with a crictl-style file: runp, pods, inspectp by prefix,
 /// stopp, rmp.
@@ -432,11 +432,11 @@ fn sandboxctl_pull_shows_layer_progress() {
     let image = format!("{}/x/slow:1", fake.addr);
     let rt = common::daemon::rt();
     let mut images = rt.block_on(async {
-        k8s_cri::v1::image_service_client::ImageServiceClient::new(
+        sandboxd::api::v1::image_service_client::ImageServiceClient::new(
             common::daemon::channel(&d.socket).await,
         )
     });
-    let progress = |images: &mut k8s_cri::v1::image_service_client::ImageServiceClient<_>| {
+    let progress = |images: &mut sandboxd::api::v1::image_service_client::ImageServiceClient<_>| {
         let r = rt
             .block_on(images.image_status(cri::ImageStatusRequest {
                 image: Some(cri::ImageSpec {

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use common::cri::*;
 use common::*;
-use k8s_cri::v1 as cri;
+use sandboxd::api::v1 as cri;
 use tonic::Code;
 
 /// The inode of a namespace file (a pinned one, or `/proc/PID/ns/<kind>`).

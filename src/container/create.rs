@@ -87,15 +87,7 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
         dir: rt.cfg.root.join("containers").join(&id),
         log_path,
         cgroup: format!("{}/sandboxd-{}", sb.pod_cgroup(&rt.cfg), id),
-        stop_signal: if image.config.stop_signal.is_empty() {
-            "TERM".into()
-        } else {
-            image
-                .config
-                .stop_signal
-                .trim_start_matches("SIG")
-                .to_string()
-        },
+        stop_signal: effective_stop_signal(&config.stop_signal, &image.config.stop_signal)?,
         shared_pid: !namespaces.iter().any(|(t, p)| *t == "pid" && p.is_none()),
         // Short path (sun_path is 108 bytes): under the root, not the container dir.
         attach_socket: Some(
@@ -228,6 +220,7 @@ fn build(
     // read-only all through and/or idmapped, attached under the container dir) and bound by
     // the runtime from there.
     let mut config = rec.config.clone();
+    let mut staged = Vec::new();
     for (i, m) in config.mounts.iter_mut().enumerate() {
         if !m.recursive_read_only && m.idmap.is_none() {
             continue;
@@ -252,6 +245,7 @@ fn build(
         )
         .map_err(|e| Error::step("make a recursively read-only or idmapped mount", id, e))?;
         m.host_path = at.to_string_lossy().into_owned();
+        staged.push(at);
     }
     let hostname = sb.config.effective_hostname();
     let oci = spec::build(&Inputs {
@@ -299,6 +293,15 @@ fn build(
         .create(id, &rec.dir, &files)
         .map_err(|e| Error::step("create container", id, e))?;
     failpoint::hit("create:runtime");
+    // The container's mount namespace holds its own copies now. Staged trees left in the
+    // node's namespace would pin every submount of a volume there: kubelet's volume teardown
+    // (unmount, then rmdir) would fail with EBUSY while the container exists.
+    for at in &staged {
+        if let Err(e) = crate::mounts::unmount_all(at) {
+            tracing::warn!(container_id = %id, path = %at.display(), error = %e,
+                "cannot detach a staged mount after create");
+        }
+    }
     entry.update(|r| {
         r.state = ContainerState::Created;
         r.pid = pid;
@@ -524,4 +527,16 @@ fn refuse_blocking_account_files(rootfs: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The signal StopContainer sends first: the request's, else the image's `StopSignal`, else
+/// TERM. A name that is no signal is refused here, not found out at stop time.
+fn effective_stop_signal(requested: &str, image: &str) -> Result<String> {
+    let (given, from) = match (requested, image) {
+        ("", "") => return Ok("TERM".into()),
+        ("", i) => (i, "the image's StopSignal"),
+        (r, _) => (r, "stop_signal"),
+    };
+    crate::signals::canonical(given)
+        .ok_or_else(|| Error::InvalidArgument(format!("{from} {given:?} is not a signal")))
 }

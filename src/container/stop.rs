@@ -31,15 +31,24 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &ContainerEntry, timeout: Duratio
     let files = rec.files();
     let all = rec.shared_pid;
     if rec.state == ContainerState::Running && !timeout.is_zero() {
-        runtime
-            .kill(&rec.id, &rec.stop_signal, all, &files.runtime_log)
-            .map_err(|e| Error::step("signal container", &rec.id, e))?;
-        failpoint::hit("stopctr:signalled");
-        if files.wait_exit(rec.pid, timeout).is_ok() {
-            refresh(rt, entry);
-            return finish_stop(rt, entry);
+        // By number: every runtime takes one, whatever names it knows. Whatever goes wrong
+        // with the first signal, the grace and SIGKILL still follow.
+        let signal = crate::signals::number(&rec.stop_signal)
+            .map_or_else(|| rec.stop_signal.clone(), |n| n.to_string());
+        match runtime.kill(&rec.id, &signal, all, &files.runtime_log) {
+            Ok(()) => {
+                failpoint::hit("stopctr:signalled");
+                if files.wait_exit(rec.pid, timeout).is_ok() {
+                    refresh(rt, entry);
+                    return finish_stop(rt, entry);
+                }
+                tracing::info!(container_id = %rec.id, ?timeout, "container ignored its stop signal; killing it");
+            }
+            Err(e) => {
+                tracing::warn!(container_id = %rec.id, signal = %rec.stop_signal, error = %e,
+                    "cannot send the stop signal; killing the container");
+            }
         }
-        tracing::info!(container_id = %rec.id, ?timeout, "container ignored its stop signal; killing it");
     }
     runtime
         .kill(&rec.id, "KILL", all, &files.runtime_log)

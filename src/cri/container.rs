@@ -1,7 +1,7 @@
 //! Container messages: CreateContainer's config in; statuses, listings, filters, stats and
 //! resources out.
 
-use k8s_cri::v1 as cri;
+use crate::api::v1 as cri;
 
 use super::pod::{sorted, unsorted};
 use crate::cgroups::Usage;
@@ -47,6 +47,14 @@ pub fn container_config(c: &cri::ContainerConfig) -> Result<ContainerConfig, Err
                 )))
             }
         };
+        for o in &mt.mount_options {
+            if !MOUNT_OPTIONS.contains(&o.as_str()) {
+                return Err(Error::InvalidArgument(format!(
+                    "mounts.mount_options ({}): {o:?} is not one of {MOUNT_OPTIONS:?}",
+                    mt.container_path
+                )));
+            }
+        }
         mounts.push(BindMount {
             container_path: mt.container_path.clone(),
             host_path: mt.host_path.clone(),
@@ -54,6 +62,7 @@ pub fn container_config(c: &cri::ContainerConfig) -> Result<ContainerConfig, Err
             propagation,
             recursive_read_only: mt.recursive_read_only,
             idmap,
+            mount_options: mt.mount_options.clone(),
         });
     }
     let linux = c.linux.clone().unwrap_or_default();
@@ -145,6 +154,7 @@ pub fn container_config(c: &cri::ContainerConfig) -> Result<ContainerConfig, Err
         stdin_once: c.stdin_once,
         tty: c.tty,
         resources: resources(&r),
+        stop_signal: stop_signal(c.stop_signal)?,
         security: SecurityContext {
             privileged: s.privileged,
             add_capabilities: caps.add_capabilities,
@@ -221,6 +231,8 @@ pub fn container_to_cri(r: &ContainerRecord) -> cri::Container {
 pub fn status_to_cri(r: &ContainerRecord) -> cri::ContainerStatus {
     let res = &r.config.resources;
     cri::ContainerStatus {
+        stop_signal: cri::Signal::from_str_name(&crate::signals::cri_name(&r.stop_signal))
+            .map_or(0, |s| s as i32),
         id: r.id.clone(),
         metadata: Some(metadata(r)),
         state: state_to_cri(r.cri_state()),
@@ -248,6 +260,7 @@ pub fn status_to_cri(r: &ContainerRecord) -> cri::ContainerStatus {
                     Propagation::Bidirectional => 2,
                 },
                 recursive_read_only: m.recursive_read_only,
+                mount_options: m.mount_options.clone(),
                 ..Default::default()
             })
             .collect(),
@@ -330,6 +343,7 @@ pub fn usage_to_cri(u: &Usage, now: i64) -> (cri::CpuUsage, cri::MemoryUsage) {
             timestamp: now,
             usage_core_nano_seconds: v(u.cpu_nanos),
             usage_nano_cores: None,
+            psi: None,
         },
         cri::MemoryUsage {
             timestamp: now,
@@ -356,6 +370,7 @@ fn stats_with(
         }),
         cpu: Some(cpu),
         memory: Some(memory),
+        io: None,
         // Not measured yet (just after a daemon restart): absent, as kubelet allows.
         writable_layer: used.map(|m| writable_layer(r, m)),
         swap: None,
@@ -390,5 +405,21 @@ pub fn resources(r: &cri::LinuxContainerResources) -> Resources {
         oom_score_adj: r.oom_score_adj,
         cpuset_cpus: r.cpuset_cpus.clone(),
         cpuset_mems: r.cpuset_mems.clone(),
+    }
+}
+
+/// The flags a mount may ask for (CRI `Mount.mount_options`, KEP-5855).
+pub const MOUNT_OPTIONS: &[&str] = &["noexec", "nodev", "nosuid"];
+
+/// CRI `ContainerConfig.stop_signal` as a canonical name; empty for the runtime's default.
+fn stop_signal(v: i32) -> Result<String, Error> {
+    match cri::Signal::try_from(v) {
+        Ok(cri::Signal::RuntimeDefault) => Ok(String::new()),
+        Ok(s) => crate::signals::from_cri_name(s.as_str_name()).ok_or_else(|| {
+            Error::InvalidArgument(format!("stop_signal: {} is not a signal", s.as_str_name()))
+        }),
+        Err(_) => Err(Error::InvalidArgument(format!(
+            "stop_signal: unknown value {v}"
+        ))),
     }
 }

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use k8s_cri::v1 as cri;
+use crate::api::v1 as cri;
 use serde::Deserialize;
 
 /// Namespace mode names, in CRI's order.

@@ -1,6 +1,6 @@
 //! Lifecycle events as GetContainerEvents sends them.
 
-use k8s_cri::v1 as cri;
+use crate::api::v1 as cri;
 
 /// A lifecycle event as GetContainerEvents sends it.
 pub fn event_to_cri(e: &crate::events::Event) -> cri::ContainerEventResponse {

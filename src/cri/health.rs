@@ -1,7 +1,7 @@
 //! The runtime's health as CRI `Status` reports it: conditions (RuntimeReady, NetworkReady,
 //! and RecordsReadable while records are quarantined), the handlers with their features.
 
-use k8s_cri::v1 as cri;
+use crate::api::v1 as cri;
 
 /// `RuntimeHealth` → `StatusResponse` (`verbose`: the network list and the config as info).
 pub fn status_to_cri(
@@ -79,6 +79,11 @@ pub fn status_to_cri(
             .collect(),
         features: Some(cri::RuntimeFeatures {
             supplemental_groups_policy: true,
+            // Pods in a user namespace share the node's network only where the daemon can
+            // make it work; it does not yet (RunPodSandbox refuses the combination).
+            user_namespaces_host_network: false,
+            // noexec, nodev and nosuid on any volume, for every handler.
+            mount_options: true,
         }),
     }
 }

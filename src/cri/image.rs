@@ -1,6 +1,6 @@
 //! Image messages: images out, registry credentials in.
 
-use k8s_cri::v1 as cri;
+use crate::api::v1 as cri;
 
 use crate::error::Error;
 use crate::image::ImageRecord;

@@ -1,7 +1,7 @@
 //! `ImageService`: pulls, lists, status, removal and the image filesystem's use.
 
-use k8s_cri::v1 as cri;
-use k8s_cri::v1::image_service_server::ImageService;
+use crate::api::v1 as cri;
+use crate::api::v1::image_service_server::ImageService;
 use tonic::{Request, Response, Status};
 
 use super::*;
@@ -119,5 +119,22 @@ impl ImageService for CriService {
             image_filesystems: vec![fs],
             container_filesystems: Vec::new(),
         }))
+    }
+
+    type StreamImagesStream = list_streams::Chunks<cri::StreamImagesResponse>;
+
+    async fn stream_images(
+        &self,
+        req: Request<cri::StreamImagesRequest>,
+    ) -> Result<Response<Self::StreamImagesStream>, Status> {
+        let filter = req.into_inner().filter;
+        let images = self
+            .list_images(Request::new(cri::ListImagesRequest { filter }))
+            .await?
+            .into_inner()
+            .images;
+        Ok(Response::new(list_streams::chunked(images, |images| {
+            cri::StreamImagesResponse { images }
+        })))
     }
 }

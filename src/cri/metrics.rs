@@ -5,7 +5,7 @@
 //! namespace) are labelled with the pod's id and name and an empty image. CRI values are
 //! integers: seconds are whole seconds (as CRI-O sends them).
 
-use k8s_cri::v1 as cri;
+use crate::api::v1 as cri;
 
 use crate::cgroups::Detail;
 use crate::metrics::{ContainerUsage, PodUsage};

@@ -14,6 +14,7 @@ mod health;
 #[doc(hidden)]
 pub mod image;
 mod image_service;
+mod list_streams;
 #[doc(hidden)]
 pub mod metrics;
 #[doc(hidden)]

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use k8s_cri::v1 as cri;
+use crate::api::v1 as cri;
 
 use crate::cni::PortMapping;
 use crate::error::Error;
@@ -135,6 +135,16 @@ pub fn pod_config(req: &cri::RunPodSandboxRequest) -> Result<PodSandboxConfig, E
         sysctls,
         selinux: [se.user, se.role, se.r#type, se.level],
         user_namespace,
+        resources: c
+            .linux
+            .as_ref()
+            .and_then(|l| l.resources.as_ref())
+            .map(super::container::resources),
+        overhead: c
+            .linux
+            .as_ref()
+            .and_then(|l| l.overhead.as_ref())
+            .map(super::container::resources),
     })
 }
 

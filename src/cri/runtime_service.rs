@@ -1,8 +1,8 @@
 //! `RuntimeService`: each RPC converts its request, runs the core call (on the blocking pool
 //! when it makes process calls) and converts the answer.
 
-use k8s_cri::v1 as cri;
-use k8s_cri::v1::runtime_service_server::RuntimeService;
+use crate::api::v1 as cri;
+use crate::api::v1::runtime_service_server::RuntimeService;
 use tonic::{Request, Response, Status};
 
 use super::*;
@@ -531,5 +531,111 @@ impl RuntimeService for CriService {
         Ok(Response::new(cri::ListPodSandboxMetricsResponse {
             pod_metrics,
         }))
+    }
+
+    type StreamPodSandboxesStream = list_streams::Chunks<cri::StreamPodSandboxesResponse>;
+
+    async fn stream_pod_sandboxes(
+        &self,
+        req: Request<cri::StreamPodSandboxesRequest>,
+    ) -> Result<Response<Self::StreamPodSandboxesStream>, Status> {
+        let filter = req.into_inner().filter;
+        let items = self
+            .list_pod_sandbox(Request::new(cri::ListPodSandboxRequest { filter }))
+            .await?
+            .into_inner()
+            .items;
+        Ok(Response::new(list_streams::chunked(
+            items,
+            |pod_sandboxes| cri::StreamPodSandboxesResponse { pod_sandboxes },
+        )))
+    }
+
+    type StreamContainersStream = list_streams::Chunks<cri::StreamContainersResponse>;
+
+    async fn stream_containers(
+        &self,
+        req: Request<cri::StreamContainersRequest>,
+    ) -> Result<Response<Self::StreamContainersStream>, Status> {
+        let filter = req.into_inner().filter;
+        let items = self
+            .list_containers(Request::new(cri::ListContainersRequest { filter }))
+            .await?
+            .into_inner()
+            .containers;
+        Ok(Response::new(list_streams::chunked(items, |containers| {
+            cri::StreamContainersResponse { containers }
+        })))
+    }
+
+    type StreamContainerStatsStream = list_streams::Chunks<cri::StreamContainerStatsResponse>;
+
+    async fn stream_container_stats(
+        &self,
+        req: Request<cri::StreamContainerStatsRequest>,
+    ) -> Result<Response<Self::StreamContainerStatsStream>, Status> {
+        let filter = req.into_inner().filter;
+        let items = self
+            .list_container_stats(Request::new(cri::ListContainerStatsRequest { filter }))
+            .await?
+            .into_inner()
+            .stats;
+        Ok(Response::new(list_streams::chunked(
+            items,
+            |container_stats| cri::StreamContainerStatsResponse { container_stats },
+        )))
+    }
+
+    type StreamPodSandboxStatsStream = list_streams::Chunks<cri::StreamPodSandboxStatsResponse>;
+
+    async fn stream_pod_sandbox_stats(
+        &self,
+        req: Request<cri::StreamPodSandboxStatsRequest>,
+    ) -> Result<Response<Self::StreamPodSandboxStatsStream>, Status> {
+        let filter = req.into_inner().filter;
+        let items = self
+            .list_pod_sandbox_stats(Request::new(cri::ListPodSandboxStatsRequest { filter }))
+            .await?
+            .into_inner()
+            .stats;
+        Ok(Response::new(list_streams::chunked(
+            items,
+            |pod_sandbox_stats| cri::StreamPodSandboxStatsResponse { pod_sandbox_stats },
+        )))
+    }
+
+    type StreamPodSandboxMetricsStream = list_streams::Chunks<cri::StreamPodSandboxMetricsResponse>;
+
+    async fn stream_pod_sandbox_metrics(
+        &self,
+        _: Request<cri::StreamPodSandboxMetricsRequest>,
+    ) -> Result<Response<Self::StreamPodSandboxMetricsStream>, Status> {
+        let items = self
+            .list_pod_sandbox_metrics(Request::new(cri::ListPodSandboxMetricsRequest {}))
+            .await?
+            .into_inner()
+            .pod_metrics;
+        Ok(Response::new(list_streams::chunked(
+            items,
+            |pod_sandbox_metrics| cri::StreamPodSandboxMetricsResponse {
+                pod_sandbox_metrics,
+            },
+        )))
+    }
+
+    async fn update_pod_sandbox_resources(
+        &self,
+        req: Request<cri::UpdatePodSandboxResourcesRequest>,
+    ) -> Result<Response<cri::UpdatePodSandboxResourcesResponse>, Status> {
+        let req = req.into_inner();
+        let overhead = req.overhead.as_ref().map(container::resources);
+        let resources = req.resources.as_ref().map(container::resources);
+        let id = req.pod_sandbox_id;
+        let i = id.clone();
+        self.call("UpdatePodSandboxResources", &id, move |rt| {
+            rt.update_pod_sandbox_resources(&i, overhead, resources)
+        })
+        .await?;
+        Ok(Response::new(cri::UpdatePodSandboxResourcesResponse {}))
     }
 }

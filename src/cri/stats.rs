@@ -1,7 +1,7 @@
 //! Pod stats (PodSandboxStats, ListPodSandboxStats): the pod's cgroup, its network
 //! namespace's interfaces, its process count and its running containers' stats.
 
-use k8s_cri::v1 as cri;
+use crate::api::v1 as cri;
 
 use super::{container, metrics, pod};
 
@@ -32,6 +32,7 @@ pub(crate) fn pod_stats(p: &crate::metrics::PodUsage) -> cri::PodSandboxStats {
                 process_count: Some(cri::UInt64Value { value: n }),
             }),
             containers,
+            io: None,
         }),
         windows: None,
     }

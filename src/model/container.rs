@@ -51,6 +51,8 @@ pub struct BindMount {
     /// pod's user namespace).
     #[serde(default)]
     pub idmap: Option<crate::model::sandbox::IdMap>,
+    /// Extra mount flags (CRI `mount_options`, KEP-5855): `noexec`, `nodev`, `nosuid`.
+    pub mount_options: Vec<String>,
 }
 
 /// CRI `SupplementalGroupsPolicy`.
@@ -219,6 +221,10 @@ pub struct ContainerConfig {
     pub resources: Resources,
     /// CRI `linux.security_context`.
     pub security: SecurityContext,
+    /// The signal StopContainer sends first (CRI `stop_signal`, canonical name without `SIG`);
+    /// empty: the image's `StopSignal`, else TERM.
+    #[serde(default)]
+    pub stop_signal: String,
 }
 
 /// CRI `ContainerState`.

@@ -172,6 +172,11 @@ pub struct PodSandboxConfig {
     pub selinux: [String; 4],
     /// The pod's own user namespace (CRI `userns_options` in POD mode); `None`: the node's.
     pub user_namespace: Option<IdMap>,
+    /// Pod-level resources (CRI `LinuxPodSandboxConfig.resources`, KEP-2837), as sent at
+    /// RunPodSandbox and changed by UpdatePodSandboxResources (in-place pod resize).
+    pub resources: Option<crate::model::container::Resources>,
+    /// The pod's overhead (RuntimeClass `overhead`), as sent with the resources.
+    pub overhead: Option<crate::model::container::Resources>,
 }
 
 impl PodSandboxConfig {

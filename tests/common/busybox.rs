@@ -135,6 +135,17 @@ pub fn oci_layout(dir: &Path, name: &str) -> PathBuf {
 
 /// An OCI image layout of busybox with `extra` layers (uncompressed tars) on top.
 pub fn oci_layout_with(dir: &Path, name: &str, extra: &[Vec<u8>]) -> PathBuf {
+    oci_layout_configured(dir, name, extra, serde_json::json!({}))
+}
+
+/// [`oci_layout_with`], with `config` merged into the image config's `config` object (e.g.
+/// `{"StopSignal": "SIGUSR1"}`).
+pub fn oci_layout_configured(
+    dir: &Path,
+    name: &str,
+    extra: &[Vec<u8>],
+    config: serde_json::Value,
+) -> PathBuf {
     let layout = dir.join(format!(
         "oci-{}",
         name.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
@@ -160,7 +171,14 @@ pub fn oci_layout_with(dir: &Path, name: &str, extra: &[Vec<u8>]) -> PathBuf {
     let all: Vec<&[u8]> = std::iter::once(layer.as_slice())
         .chain(extra.iter().map(Vec::as_slice))
         .collect();
-    let (cd, cs) = put(&config_of(&all, &["sh"]));
+    let mut image_config: serde_json::Value =
+        serde_json::from_slice(&config_of(&all, &["sh"])).unwrap();
+    if let (Some(c), serde_json::Value::Object(patch)) =
+        (image_config["config"].as_object_mut(), config)
+    {
+        c.extend(patch);
+    }
+    let (cd, cs) = put(&serde_json::to_vec(&image_config).unwrap());
     let manifest = serde_json::to_vec(&serde_json::json!({
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": cs},

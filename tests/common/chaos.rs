@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1 as cri;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use sandboxd::api::v1 as cri;
+use sandboxd::api::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;
 
 use super::daemon::Daemon;

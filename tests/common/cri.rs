@@ -2,8 +2,8 @@
 //! pod and container configs from crictl-style JSON, and the common calls, each panicking
 //! with the daemon's answer on failure.
 
-use k8s_cri::v1 as cri;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use sandboxd::api::v1 as cri;
+use sandboxd::api::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;
 
 use super::busybox;

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use sandboxd::api::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;
 
 use super::{sh, Env};

@@ -1,8 +1,8 @@
 //! The daemon tests' pods: a config (namespace `e2e`, optionally sharing the PID namespace),
 //! and the calls they repeat, for tests that drive a tonic client from their own tasks.
 
-use k8s_cri::v1 as cri;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use sandboxd::api::v1 as cri;
+use sandboxd::api::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;
 
 pub fn pod_config(name: &str, uid: &str, share_pid: bool) -> cri::PodSandboxConfig {

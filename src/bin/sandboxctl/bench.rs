@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1 as cri;
+use sandboxd::api::v1 as cri;
 use tonic::transport::Channel;
 
 use crate::cli::Output;

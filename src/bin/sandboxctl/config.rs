@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use k8s_cri::v1 as cri;
+use sandboxd::api::v1 as cri;
 
 /// Largest config file read.
 const MAX_CONFIG_FILE: u64 = 1 << 20;

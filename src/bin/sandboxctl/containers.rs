@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_cri::v1 as cri;
+use sandboxd::api::v1 as cri;
 
 use crate::config::{load_container_config, load_pod_config};
 use crate::output::{ago, pretty_verbose, print_list, short};

@@ -2,7 +2,7 @@
 //! does; an id that matches nothing is passed on unchanged (stop/remove of an unknown id is
 //! success per CRI).
 
-use k8s_cri::v1 as cri;
+use sandboxd::api::v1 as cri;
 
 use crate::{grpc_err, Runtime};
 

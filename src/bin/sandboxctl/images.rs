@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use k8s_cri::v1 as cri;
-use k8s_cri::v1::image_service_client::ImageServiceClient;
+use sandboxd::api::v1 as cri;
+use sandboxd::api::v1::image_service_client::ImageServiceClient;
 use tonic::transport::Channel;
 
 use crate::cli::ImagesCmd;

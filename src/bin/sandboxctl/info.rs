@@ -1,6 +1,6 @@
 //! `version` and `info`: what the runtime says about itself.
 
-use k8s_cri::v1 as cri;
+use sandboxd::api::v1 as cri;
 
 use crate::{grpc_err, Runtime};
 

@@ -21,7 +21,7 @@ mod scale;
 mod streams;
 
 use clap::Parser;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use sandboxd::api::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;
 
 use cli::{Cli, Cmd, ImagesCmd, Output, ScaleCmd};

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use k8s_cri::v1 as cri;
+use sandboxd::api::v1 as cri;
 
 use crate::config::load_pod_config;
 use crate::output::{ago, pretty_verbose, print_list, short};

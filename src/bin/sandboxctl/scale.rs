@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use k8s_cri::v1 as cri;
+use sandboxd::api::v1 as cri;
 use tonic::transport::Channel;
 
 use crate::{grpc_err, runtime_client, Runtime};

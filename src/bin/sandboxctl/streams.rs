@@ -7,7 +7,7 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_cri::v1 as cri;
+use sandboxd::api::v1 as cri;
 use sandboxd::streaming::client::{Event, Session};
 use sandboxd::streaming::exec::terminal_size;
 
@@ -82,6 +82,7 @@ pub async fn exec(
             stdin: interactive,
             stdout: true,
             stderr: !tty,
+            ..Default::default()
         })
         .await
         .map_err(|s| grpc_err("Exec", s))?
@@ -100,6 +101,7 @@ pub async fn attach(c: &mut Runtime, id: &str, interactive: bool, tty: bool) -> 
             tty,
             stdout: true,
             stderr: !tty,
+            ..Default::default()
         })
         .await
         .map_err(|s| grpc_err("Attach", s))?

@@ -262,12 +262,9 @@ pub fn build(i: &Inputs) -> Result<oci_spec::runtime::Spec> {
         };
         // (A recursively read-only mount's source is a read-only tree made for it.)
         mounts.retain(|x| x["destination"] != m.container_path.as_str());
-        mounts.push(mnt(
-            &m.container_path,
-            "bind",
-            &m.host_path,
-            &["rbind", prop, if m.readonly { "ro" } else { "rw" }],
-        ));
+        let mut options = vec!["rbind", prop, if m.readonly { "ro" } else { "rw" }];
+        options.extend(m.mount_options.iter().map(String::as_str));
+        mounts.push(mnt(&m.container_path, "bind", &m.host_path, &options));
     }
 
     let namespaces: Vec<Value> = i

@@ -1,0 +1,490 @@
+//! What kubelet 1.33–1.36 sends and reads, through the daemon's gRPC socket with the v1.36
+//! schema: stop signals (KEP-4960), mount options (KEP-5855), the streaming list RPCs
+//! (KEP-5825), pod-level resources (UpdatePodSandboxResources), volumes a host can tear down
+//! while the container exists, and user namespaces advertised only where they work.
+
+mod common;
+
+use std::time::Duration;
+
+use common::cri::*;
+use common::*;
+use sandboxd::api::v1 as cri;
+use tokio_stream::StreamExt;
+use tonic::Code;
+
+fn status_of(rt: &tokio::runtime::Runtime, c: &mut Client, id: &str) -> cri::ContainerStatus {
+    rt.block_on(c.container_status(cri::ContainerStatusRequest {
+        container_id: id.into(),
+        verbose: false,
+    }))
+    .unwrap()
+    .into_inner()
+    .status
+    .unwrap()
+}
+
+fn stop(rt: &tokio::runtime::Runtime, c: &mut Client, id: &str, timeout: i64) {
+    rt.block_on(c.stop_container(cri::StopContainerRequest {
+        container_id: id.into(),
+        timeout,
+    }))
+    .unwrap();
+}
+
+/// `stop_signal` in the request overrides the image's `StopSignal`; ContainerStatus reports
+/// the effective one (a field added in 1.33, round-tripped by the 1.36 schema); a name that is
+/// no signal is refused at create, from the request or from the image.
+#[test]
+fn stop_signals() {
+    let env = Env::new("v136-stopsig");
+    let (_d, rt, mut c) = daemon(&env);
+    let images = sandboxd::image::ImageStore::new(env.cfg.root.join("images")).unwrap();
+    let usr2 = "sandboxd.test/busybox:usr2";
+    let bogus = "sandboxd.test/busybox:bogus";
+    for (name, sig) in [(usr2, "SIGUSR2"), (bogus, "SIGBOGUS")] {
+        images
+            .import(
+                &busybox::oci_layout_configured(
+                    &env.base.join(sig),
+                    name,
+                    &[],
+                    serde_json::json!({"StopSignal": sig}),
+                ),
+                None,
+            )
+            .unwrap();
+    }
+    let p = pod("stopsig", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    // Exits 42 on USR1, 43 on USR2; TERM or KILL would give 143 or 137.
+    let script =
+        "trap 'exit 42' USR1; trap 'exit 43' USR2; echo $$ > /tmp/pid; echo ready > /tmp/r; \
+                  while true; do sleep 1; done";
+    let trapper = |name: &str, image: &str, signal: cri::Signal| {
+        let mut cfg = ctr(name, &["sh", "-c", script], serde_json::json!({}));
+        cfg.image = Some(cri::ImageSpec {
+            image: image.into(),
+            ..Default::default()
+        });
+        cfg.stop_signal = signal as i32;
+        cfg
+    };
+    let cases = [
+        ("req", IMAGE, cri::Signal::Sigusr1, cri::Signal::Sigusr1, 42),
+        (
+            "img",
+            usr2,
+            cri::Signal::RuntimeDefault,
+            cri::Signal::Sigusr2,
+            43,
+        ),
+        ("over", usr2, cri::Signal::Sigusr1, cri::Signal::Sigusr1, 42),
+        (
+            "dflt",
+            IMAGE,
+            cri::Signal::RuntimeDefault,
+            cri::Signal::Sigterm,
+            143,
+        ),
+    ];
+    for (name, image, asked, effective, code) in cases {
+        let id = create(&rt, &mut c, &sb, &p, trapper(name, image, asked)).unwrap();
+        assert_eq!(
+            status_of(&rt, &mut c, &id).stop_signal,
+            effective as i32,
+            "{name}"
+        );
+        start(&rt, &mut c, &id);
+        let t = std::time::Instant::now();
+        while exec(&rt, &mut c, &id, "cat /tmp/r 2>/dev/null").trim() != "ready" {
+            assert!(t.elapsed() < Duration::from_secs(10), "{name} never ready");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // The container's process blocks no signal (the monitor's own mask must not leak).
+        let blocked = exec(&rt, &mut c, &id, "grep SigBlk /proc/$(cat /tmp/pid)/status");
+        assert!(blocked.contains("0000000000000000"), "{name}: {blocked}");
+        stop(&rt, &mut c, &id, 20);
+        let st = status_of(&rt, &mut c, &id);
+        assert_eq!(st.exit_code, code, "{name}: {st:?}");
+        assert_eq!(st.stop_signal, effective as i32, "{name}");
+    }
+    let e = create(
+        &rt,
+        &mut c,
+        &sb,
+        &p,
+        trapper("bogus", bogus, cri::Signal::RuntimeDefault),
+    )
+    .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("SIGBOGUS"), "{e:?}");
+    // The request's signal overrides even a bogus image's.
+    let id = create(
+        &rt,
+        &mut c,
+        &sb,
+        &p,
+        trapper("bogus-over", bogus, cri::Signal::Sigusr1),
+    )
+    .unwrap();
+    assert_eq!(
+        status_of(&rt, &mut c, &id).stop_signal,
+        cri::Signal::Sigusr1 as i32
+    );
+    let mut odd = ctr("odd", &["true"], serde_json::json!({}));
+    odd.stop_signal = 999;
+    let e = create(&rt, &mut c, &sb, &p, odd).unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    remove_pod(&rt, &mut c, &sb);
+    env.assert_no_leaks();
+}
+
+/// `Mount.mount_options` (KEP-5855): noexec, nodev and nosuid on a volume; anything else is
+/// refused; Status advertises the feature.
+#[test]
+fn mount_options() {
+    let env = Env::new("v136-mntopt");
+    let (_d, rt, mut c) = daemon(&env);
+    let st = rt
+        .block_on(c.status(cri::StatusRequest { verbose: false }))
+        .unwrap()
+        .into_inner();
+    assert!(st.features.is_some_and(|f| f.mount_options));
+    let src = env.base.join("mntopt");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("run.sh"), "#!/bin/sh\necho ran\n").unwrap();
+    sh(&format!("chmod 755 {}", src.join("run.sh").display()));
+    let p = pod("mntopt", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    let mut cfg = ctr(
+        "mntopt",
+        &["sleep", "1000"],
+        serde_json::json!({"mounts": [
+            {"container_path": "/opts", "host_path": src},
+            {"container_path": "/plain", "host_path": src},
+        ]}),
+    );
+    cfg.mounts[0].mount_options = vec!["noexec".into(), "nodev".into(), "nosuid".into()];
+    let id = create(&rt, &mut c, &sb, &p, cfg).unwrap();
+    start(&rt, &mut c, &id);
+    let st = status_of(&rt, &mut c, &id);
+    let reported = st
+        .mounts
+        .iter()
+        .find(|m| m.container_path == "/opts")
+        .unwrap();
+    assert_eq!(reported.mount_options, ["noexec", "nodev", "nosuid"]);
+    let out = exec(&rt, &mut c, &id, "/plain/run.sh; /opts/run.sh");
+    assert!(out.contains("ran"), "{out}");
+    assert!(out.contains("Permission denied"), "{out}");
+    let opts = exec(&rt, &mut c, &id, "grep ' /opts ' /proc/mounts");
+    for o in ["noexec", "nodev", "nosuid"] {
+        assert!(opts.contains(o), "{o}: {opts}");
+    }
+    let plain = exec(&rt, &mut c, &id, "grep ' /plain ' /proc/mounts");
+    assert!(!plain.contains("noexec"), "{plain}");
+    let mut bad = ctr(
+        "bad",
+        &["true"],
+        serde_json::json!({"mounts": [{"container_path": "/x", "host_path": src}]}),
+    );
+    bad.mounts[0].mount_options = vec!["exec".into()];
+    let e = create(&rt, &mut c, &sb, &p, bad).unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    remove_pod(&rt, &mut c, &sb);
+    env.assert_no_leaks();
+}
+
+/// The streaming list RPCs (KEP-5825) answer what the List calls answer, with the same filters.
+#[test]
+fn streaming_lists() {
+    let env = Env::new("v136-streams");
+    let (d, rt, mut c) = daemon(&env);
+    let mut pods = Vec::new();
+    for i in 0..3 {
+        let p = pod(
+            &format!("s{i}"),
+            serde_json::json!({"labels": {"group": if i == 0 { "a" } else { "b" }}}),
+        );
+        let sb = run_pod(&rt, &mut c, &p);
+        let id = sleeper(&rt, &mut c, &sb, &p, &format!("c{i}"));
+        pods.push((sb, id));
+    }
+    let by_label = |v: &str| cri::PodSandboxFilter {
+        label_selector: [("group".to_string(), v.to_string())].into(),
+        ..Default::default()
+    };
+    for filter in [None, Some(by_label("b")), Some(by_label("none"))] {
+        let mut want: Vec<String> = rt
+            .block_on(c.list_pod_sandbox(cri::ListPodSandboxRequest {
+                filter: filter.clone(),
+            }))
+            .unwrap()
+            .into_inner()
+            .items
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
+        let mut got: Vec<String> = rt.block_on(async {
+            let mut s = c
+                .stream_pod_sandboxes(cri::StreamPodSandboxesRequest { filter })
+                .await
+                .unwrap()
+                .into_inner();
+            let mut ids = Vec::new();
+            while let Some(m) = s.next().await {
+                ids.extend(m.unwrap().pod_sandboxes.into_iter().map(|p| p.id));
+            }
+            ids
+        });
+        want.sort();
+        got.sort();
+        assert_eq!(got, want);
+    }
+    let (sb1, c1) = &pods[1];
+    let got: Vec<String> = rt.block_on(async {
+        let mut s = c
+            .stream_containers(cri::StreamContainersRequest {
+                filter: Some(cri::ContainerFilter {
+                    pod_sandbox_id: sb1.clone(),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut ids = Vec::new();
+        while let Some(m) = s.next().await {
+            ids.extend(m.unwrap().containers.into_iter().map(|c| c.id));
+        }
+        ids
+    });
+    assert_eq!(&got, std::slice::from_ref(c1));
+    let stats: usize = rt.block_on(async {
+        let mut s = c
+            .stream_container_stats(cri::StreamContainerStatsRequest { filter: None })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut n = 0;
+        while let Some(m) = s.next().await {
+            n += m.unwrap().container_stats.len();
+        }
+        n
+    });
+    assert_eq!(stats, 3);
+    let pod_stats: usize = rt.block_on(async {
+        let mut s = c
+            .stream_pod_sandbox_stats(cri::StreamPodSandboxStatsRequest { filter: None })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut n = 0;
+        while let Some(m) = s.next().await {
+            n += m.unwrap().pod_sandbox_stats.len();
+        }
+        n
+    });
+    assert_eq!(pod_stats, 3);
+    let images: Vec<String> = rt.block_on(async {
+        let mut ic = sandboxd::api::v1::image_service_client::ImageServiceClient::new(
+            common::daemon::channel(&d.socket).await,
+        );
+        let mut s = ic
+            .stream_images(cri::StreamImagesRequest { filter: None })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut tags = Vec::new();
+        while let Some(m) = s.next().await {
+            tags.extend(m.unwrap().images.into_iter().flat_map(|i| i.repo_tags));
+        }
+        tags
+    });
+    assert_eq!(images, [IMAGE]);
+    for (sb, _) in &pods {
+        remove_pod(&rt, &mut c, sb);
+    }
+    env.assert_no_leaks();
+}
+
+/// Pod-level resources: sent at RunPodSandbox, changed in place by UpdatePodSandboxResources,
+/// kept in the pod's record (the verbose status shows it); an unknown pod is NotFound.
+#[test]
+fn pod_level_resources() {
+    let env = Env::new("v136-podres");
+    let (_d, rt, mut c) = daemon(&env);
+    let mut p = pod("podres", serde_json::json!({}));
+    let linux = p.linux.get_or_insert_with(Default::default);
+    linux.resources = Some(cri::LinuxContainerResources {
+        memory_limit_in_bytes: 268435456,
+        cpu_quota: 50000,
+        cpu_period: 100000,
+        ..Default::default()
+    });
+    linux.overhead = Some(cri::LinuxContainerResources {
+        memory_limit_in_bytes: 16777216,
+        ..Default::default()
+    });
+    let sb = run_pod(&rt, &mut c, &p);
+    let record = |c: &mut Client| -> serde_json::Value {
+        let info = rt
+            .block_on(c.pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: sb.clone(),
+                verbose: true,
+            }))
+            .unwrap()
+            .into_inner()
+            .info;
+        serde_json::from_str(&info["info"]).unwrap()
+    };
+    let r = record(&mut c);
+    assert_eq!(
+        r["config"]["resources"]["memory_limit_in_bytes"], 268435456,
+        "{r}"
+    );
+    assert_eq!(r["config"]["overhead"]["memory_limit_in_bytes"], 16777216);
+    rt.block_on(
+        c.update_pod_sandbox_resources(cri::UpdatePodSandboxResourcesRequest {
+            pod_sandbox_id: sb.clone(),
+            overhead: Some(cri::LinuxContainerResources {
+                memory_limit_in_bytes: 16777216,
+                ..Default::default()
+            }),
+            resources: Some(cri::LinuxContainerResources {
+                memory_limit_in_bytes: 536870912,
+                cpu_quota: 100000,
+                cpu_period: 100000,
+                ..Default::default()
+            }),
+        }),
+    )
+    .unwrap();
+    let r = record(&mut c);
+    assert_eq!(r["config"]["resources"]["memory_limit_in_bytes"], 536870912);
+    assert_eq!(r["config"]["resources"]["cpu_quota"], 100000);
+    let e = rt
+        .block_on(
+            c.update_pod_sandbox_resources(cri::UpdatePodSandboxResourcesRequest {
+                pod_sandbox_id: "0123456789abcdef".into(),
+                ..Default::default()
+            }),
+        )
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    remove_pod(&rt, &mut c, &sb);
+    env.assert_no_leaks();
+}
+
+/// kubelet's volume teardown (unmount a volume's submounts, then remove its dirs) works on the
+/// host while a container that binds the volume still exists, running or exited — for a
+/// recursively read-only bind (staged by the daemon) and a plain one, with submounts made
+/// before and after the daemon started.
+#[test]
+fn volume_teardown_while_container_exists() {
+    let env = Env::new("v136-teardown");
+    let vol = env.base.join("vol");
+    for sub in ["before", "after"] {
+        std::fs::create_dir_all(vol.join(sub)).unwrap();
+    }
+    sh(&format!(
+        "mount -t tmpfs none {}",
+        vol.join("before").display()
+    ));
+    let (_d, rt, mut c) = daemon(&env);
+    sh(&format!(
+        "mount -t tmpfs none {}",
+        vol.join("after").display()
+    ));
+    let p = pod("teardown", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    let mounts = serde_json::json!({"mounts": [
+        {"container_path": "/rro", "host_path": vol, "readonly": true, "recursive_read_only": true},
+        {"container_path": "/rw", "host_path": vol},
+    ]});
+    let id = create(&rt, &mut c, &sb, &p, ctr("td", &["sleep", "1000"], mounts)).unwrap();
+    start(&rt, &mut c, &id);
+    let seen = exec(&rt, &mut c, &id, "grep -c ' /rro/' /proc/mounts");
+    assert_eq!(seen.trim(), "2", "both submounts in the container");
+    let staged = sh(&format!(
+        "grep -c ' {}/' /proc/self/mountinfo || true",
+        env.cfg
+            .root
+            .join("containers")
+            .join(&id)
+            .join("mounts")
+            .display()
+    ));
+    assert_eq!(
+        staged.trim(),
+        "0",
+        "staged mounts left in the host's namespace"
+    );
+    // Running: the first submount goes.
+    let (ok, out) = sh_ok(&format!(
+        "umount {d} && rmdir {d}",
+        d = vol.join("before").display()
+    ));
+    assert!(ok, "teardown while running: {out}");
+    stop(&rt, &mut c, &id, 0);
+    // Exited: the second one, then the volume itself.
+    let (ok, out) = sh_ok(&format!(
+        "umount {d} && rmdir {d} && rmdir {v}",
+        d = vol.join("after").display(),
+        v = vol.display()
+    ));
+    assert!(ok, "teardown after exit: {out}");
+    remove_pod(&rt, &mut c, &sb);
+    env.assert_no_leaks();
+}
+
+/// With the state root below a dir only root may enter, a pod's mapped root could not reach
+/// its rootfs: Status does not advertise user namespaces, and RunPodSandbox of a user-namespace
+/// pod says why (Unimplemented) instead of failing inside runc.
+#[test]
+fn user_namespaces_not_advertised_where_the_root_is_unreachable() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new("v136-usernsroot");
+    let locked = env.base.join("locked");
+    std::fs::create_dir_all(&locked).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let mut cfg = env.cfg.clone();
+    cfg.root = locked.join("root");
+    let d = common::daemon::Daemon::start_with(&env, &cfg);
+    let rt = common::daemon::rt();
+    let mut c = rt.block_on(common::daemon::client(&d.socket));
+    let st = rt
+        .block_on(c.status(cri::StatusRequest { verbose: false }))
+        .unwrap()
+        .into_inner();
+    assert!(!st.runtime_handlers.is_empty());
+    for h in &st.runtime_handlers {
+        assert!(
+            !h.features.as_ref().unwrap().user_namespaces,
+            "{:?}",
+            st.runtime_handlers
+        );
+    }
+    const HOST: u32 = 65536 * 213;
+    let map = serde_json::json!([{"host_id": HOST, "container_id": 0, "length": 65536}]);
+    let userns = serde_json::json!({"mode": "POD", "uids": map, "gids": map});
+    let p = pod(
+        "usernsroot",
+        serde_json::json!({"linux": {"security_context": {"namespace_options": {"userns_options": userns}}}}),
+    );
+    let e = rt
+        .block_on(c.run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(p),
+            runtime_handler: String::new(),
+        }))
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented, "{e:?}");
+    assert!(
+        e.message().contains(&locked.display().to_string()),
+        "names the dir: {e:?}"
+    );
+    drop(c);
+    drop(d);
+    env.assert_no_leaks();
+}
