@@ -146,22 +146,33 @@ pub(crate) fn overlay_data(
     upper: &Path,
     work: &Path,
 ) -> Result<String, HostError> {
-    let join = |p: &Path| {
-        p.to_string_lossy()
-            .replace('\\', "\\\\")
-            .replace(':', "\\:")
-    };
-    let lowers: Vec<String> = lower.iter().map(|p| join(p)).collect();
-    let data = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        lowers.join(":"),
-        join(upper),
-        join(work)
-    );
+    fit_in_page(
+        format!(
+            "{},upperdir={},workdir={}",
+            lowerdir(lower),
+            overlay_escape(upper),
+            overlay_escape(work)
+        ),
+        lower.len(),
+    )
+}
+
+/// `lowerdir=a:b:…`, each path escaped.
+fn lowerdir(lower: &[PathBuf]) -> String {
+    let lowers: Vec<String> = lower.iter().map(|p| overlay_escape(p)).collect();
+    format!("lowerdir={}", lowers.join(":"))
+}
+
+fn overlay_escape(p: &Path) -> String {
+    p.to_string_lossy()
+        .replace('\\', "\\\\")
+        .replace(':', "\\:")
+}
+
+fn fit_in_page(data: String, layers: usize) -> Result<String, HostError> {
     if data.len() >= 4096 {
         return Err(HostError::Other(format!(
-            "overlay mount data for {} layers is {} bytes, over the kernel's page-size limit",
-            lower.len(),
+            "overlay mount data for {layers} layers is {} bytes, over the kernel's page-size limit",
             data.len()
         )));
     }
@@ -336,6 +347,9 @@ struct MountAttr {
 
 pub(crate) const MOUNT_ATTR_RDONLY: u64 = 0x1;
 pub(crate) const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+pub(crate) const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub(crate) const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub(crate) const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 
 fn cpath(path: &Path) -> Result<std::ffi::CString, HostError> {
     std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
@@ -361,6 +375,40 @@ pub(crate) fn clone_tree(path: &Path, recursive: bool) -> Result<OwnedFd, HostEr
     }
     // SAFETY: a fresh fd the kernel returned, owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// A detached copy of the mount tree at the file or dir `fd` (an `O_PATH` fd resolved by the
+/// caller, so no path is looked up again), with its submounts.
+pub(crate) fn clone_tree_of(fd: std::os::fd::BorrowedFd<'_>) -> Result<OwnedFd, HostError> {
+    let flags = (libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC) as libc::c_uint
+        | (libc::AT_RECURSIVE | libc::AT_EMPTY_PATH) as libc::c_uint;
+    let empty = c"";
+    // SAFETY: open_tree on a fd we borrow, an empty NUL-terminated path and flags; returns a
+    // new fd.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, fd.as_raw_fd(), empty.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(HostError::Other(format!(
+            "open_tree: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: a fresh fd the kernel returned, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Mounts a read-only overlay of `lower` (top layer first; two or more) at `target`, with no
+/// upper layer: nothing can be written to it.
+pub(crate) fn overlay_read_only(lower: &[PathBuf], target: &Path) -> Result<(), HostError> {
+    let data = fit_in_page(lowerdir(lower), lower.len())?;
+    crate::state::files::private_dir_all(target)?;
+    mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(data.as_str()),
+    )
+    .map_err(|e| HostError::sys("mount read-only overlay on", target, e))
 }
 
 /// Sets `attr_set` (MOUNT_ATTR_*) and private propagation on a detached tree; with a user

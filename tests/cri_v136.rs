@@ -488,3 +488,175 @@ fn user_namespaces_not_advertised_where_the_root_is_unreachable() {
     drop(d);
     env.assert_no_leaks();
 }
+
+/// Image volumes (KEP-4639): an image mounted read-only (nosuid, nodev, noexec) at the
+/// container path, whole or one path of it; `image_sub_path` never leaves the image or passes a
+/// symlink; an absent image is NotFound; RemoveImage meanwhile defers the layers' removal until
+/// the container is gone; ContainerStatus reports the image and its digest; in a pod with its
+/// own user namespace the image's files belong to the pod's root.
+#[test]
+fn image_volumes() {
+    use busybox::Entry;
+    let env = Env::new("v136-imgvol");
+    let (d, rt, mut c) = daemon(&env);
+    let data = "sandboxd.test/data:1";
+    let layer = busybox::layer_of(&[
+        Entry::File("data/model.bin", b"weights"),
+        Entry::File("data/nested/readme", b"nested"),
+        Entry::Symlink("data/escape", "/etc"),
+    ]);
+    let diff_id = busybox::sha(&layer);
+    let images = sandboxd::image::ImageStore::new(env.cfg.root.join("images")).unwrap();
+    images
+        .import(
+            &busybox::oci_layout_with(&env.base.join("data"), data, &[layer]),
+            None,
+        )
+        .unwrap();
+    assert!(images.has_layer(&diff_id));
+    let with_volumes = |name: &str, mounts: Vec<(&str, &str)>| {
+        let mut cfg = ctr(name, &["sleep", "1000"], serde_json::json!({}));
+        cfg.mounts = mounts
+            .into_iter()
+            .map(|(path, sub)| cri::Mount {
+                container_path: path.into(),
+                image: Some(cri::ImageSpec {
+                    image: data.into(),
+                    ..Default::default()
+                }),
+                image_sub_path: sub.into(),
+                readonly: true,
+                ..Default::default()
+            })
+            .collect();
+        cfg
+    };
+    let p = pod("imgvol", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    let id = create(
+        &rt,
+        &mut c,
+        &sb,
+        &p,
+        with_volumes("vols", vec![("/vol", ""), ("/sub", "data/nested")]),
+    )
+    .unwrap();
+    start(&rt, &mut c, &id);
+    assert_eq!(exec(&rt, &mut c, &id, "cat /vol/data/model.bin"), "weights");
+    assert_eq!(exec(&rt, &mut c, &id, "cat /sub/readme"), "nested");
+    let out = exec(&rt, &mut c, &id, "touch /vol/x 2>&1; ls /sub");
+    assert!(out.contains("Read-only"), "{out}");
+    assert_eq!(out.lines().last(), Some("readme"), "{out}");
+    let opts = exec(&rt, &mut c, &id, "grep ' /vol ' /proc/mounts");
+    for o in ["ro,", "nosuid", "nodev", "noexec"] {
+        assert!(opts.contains(o), "{o}: {opts}");
+    }
+    let st = status_of(&rt, &mut c, &id);
+    let m = st
+        .mounts
+        .iter()
+        .find(|m| m.container_path == "/sub")
+        .unwrap();
+    let spec = m
+        .image
+        .as_ref()
+        .expect("the image in ContainerStatus.mounts");
+    assert_eq!(spec.image, data);
+    assert!(spec.image_ref.contains("sha256:"), "{spec:?}");
+    assert_eq!(m.image_sub_path, "data/nested");
+    assert!(m.readonly);
+    // Nothing of the volume stays mounted in the node's namespace.
+    let staged = sh(&format!(
+        "grep -c ' {}/' /proc/self/mountinfo || true",
+        env.cfg
+            .root
+            .join("containers")
+            .join(&id)
+            .join("mounts")
+            .display()
+    ));
+    assert_eq!(staged.trim(), "0");
+
+    for (sub, why) in [
+        ("nope", "does not exist"),
+        ("data/escape", "symlink"),
+        ("data/escape/passwd", "symlink"),
+        ("../../etc", "without"),
+        ("/etc", "without"),
+    ] {
+        let e = create(&rt, &mut c, &sb, &p, with_volumes("bad", vec![("/v", sub)])).unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{sub}: {e:?}");
+        assert!(e.message().contains(why), "{sub}: {e:?}");
+    }
+    let mut absent = with_volumes("absent", vec![("/v", "")]);
+    absent.mounts[0].image.as_mut().unwrap().image = "sandboxd.test/nothing:1".into();
+    let e = create(&rt, &mut c, &sb, &p, absent).unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+
+    // RemoveImage while mounted: the image goes, its layers stay for the container.
+    rt.block_on(async {
+        let mut ic = sandboxd::api::v1::image_service_client::ImageServiceClient::new(
+            common::daemon::channel(&d.socket).await,
+        );
+        ic.remove_image(cri::RemoveImageRequest {
+            image: Some(cri::ImageSpec {
+                image: data.into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+    });
+    assert!(images.get(data).is_none());
+    assert!(
+        images.has_layer(&diff_id),
+        "collected under a running container"
+    );
+    assert_eq!(exec(&rt, &mut c, &id, "cat /vol/data/model.bin"), "weights");
+    remove_pod(&rt, &mut c, &sb);
+    assert!(!images.has_layer(&diff_id), "kept after the container went");
+    env.assert_no_leaks();
+}
+
+/// An image volume in a pod with its own user namespace: idmapped, so the image's files
+/// belong to the pod's root.
+#[test]
+fn image_volumes_in_user_namespace_pods() {
+    let env = Env::new("v136-imgvol-userns");
+    let (_d, rt, mut c) = daemon(&env);
+    const HOST: u32 = 65536 * 214;
+    let map = serde_json::json!([{"host_id": HOST, "container_id": 0, "length": 65536}]);
+    let userns = serde_json::json!({"mode": "POD", "uids": map, "gids": map});
+    let p = pod(
+        "imgvol-userns",
+        serde_json::json!({"linux": {"security_context": {"namespace_options": {"userns_options": userns}}}}),
+    );
+    let sb = run_pod(&rt, &mut c, &p);
+    let mut cfg = ctr(
+        "v",
+        &["sleep", "1000"],
+        serde_json::json!({"linux": {"security_context": {"namespace_options": {"userns_options": userns}}}}),
+    );
+    cfg.mounts = vec![cri::Mount {
+        container_path: "/img".into(),
+        image: Some(cri::ImageSpec {
+            image: IMAGE.into(),
+            ..Default::default()
+        }),
+        image_sub_path: "bin".into(),
+        readonly: true,
+        ..Default::default()
+    }];
+    let id = create(&rt, &mut c, &sb, &p, cfg).unwrap();
+    start(&rt, &mut c, &id);
+    let out = exec(
+        &rt,
+        &mut c,
+        &id,
+        "stat -c '%u %g' /img/busybox; cat /proc/self/uid_map",
+    );
+    assert!(out.starts_with("0 0\n"), "{out}");
+    assert!(out.contains(&HOST.to_string()), "{out}");
+    remove_pod(&rt, &mut c, &sb);
+    env.assert_no_leaks();
+}

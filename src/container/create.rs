@@ -14,6 +14,8 @@ use crate::{failpoint, lock, validate, ContainerEntry, Runtime};
 
 pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -> Result<String> {
     spec::validate(config)?;
+    let mut config = config.clone();
+    let config = &mut config;
     let sb_entry = rt.lookup(sandbox_id)?.ok_or_else(|| Error::NotFound {
         kind: "sandbox",
         id: sandbox_id.to_string(),
@@ -34,8 +36,28 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
             kind: "image",
             id: config.image.clone(),
         })?;
+    // Image volumes: pulled beforehand by kubelet, resolved now, kept while the container is.
+    let mut layers = image.layers.clone();
+    for m in &mut config.mounts {
+        let Some(v) = &mut m.image else { continue };
+        image_volume::check_sub_path(&m.container_path, &v.sub_path)?;
+        let img = rt.images.get(&v.image).ok_or_else(|| Error::NotFound {
+            kind: "image (of an image volume)",
+            id: v.image.clone(),
+        })?;
+        v.image_ref = img
+            .repo_digests
+            .first()
+            .cloned()
+            .unwrap_or_else(|| img.id.clone());
+        v.layers = img.layers.clone();
+        layers.extend(img.layers);
+    }
+    layers.sort_unstable();
+    layers.dedup();
+    let config = &*config;
     // Its layers cannot be collected from here on (a RemoveImage meanwhile).
-    let _pins = rt.images.pin(image.layers.iter().map(String::as_str));
+    let _pins = rt.images.pin(layers.iter().map(String::as_str));
     check_user_namespace(&sb, config)?;
     let namespaces = namespaces(rt, &sb, config)?;
     let caps = spec::capabilities(config)?;
@@ -69,7 +91,7 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
         sandbox_id: sb.id.clone(),
         config: config.clone(),
         image_id: image.id.clone(),
-        layers: image.layers.clone(),
+        layers,
         image_ref: image
             .repo_digests
             .first()
@@ -222,6 +244,33 @@ fn build(
     let mut config = rec.config.clone();
     let mut staged = Vec::new();
     for (i, m) in config.mounts.iter_mut().enumerate() {
+        if let Some(v) = &m.image {
+            let lower = v
+                .layers
+                .iter()
+                .rev()
+                .map(|l| rt.images.layer_dir(l))
+                .collect::<Result<Vec<_>>>()?;
+            let at = rec.dir.join("mounts").join(i.to_string());
+            image_volume::mount(
+                id,
+                &lower,
+                &rec.dir.join("mounts").join(format!("{i}.image")),
+                &at,
+                &v.sub_path,
+                userns.as_ref().map(|(ns, _)| std::os::fd::AsFd::as_fd(ns)),
+            )?;
+            // The runtime's bind remount sets the flags it is given: the ones made here too.
+            m.readonly = true;
+            for o in ["nosuid", "nodev", "noexec"] {
+                if !m.mount_options.iter().any(|x| x == o) {
+                    m.mount_options.push(o.into());
+                }
+            }
+            m.host_path = at.to_string_lossy().into_owned();
+            staged.push(at);
+            continue;
+        }
         if !m.recursive_read_only && m.idmap.is_none() {
             continue;
         }

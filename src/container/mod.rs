@@ -8,6 +8,7 @@
 pub mod checkpoint;
 pub(crate) mod create;
 pub(crate) mod exec;
+pub(crate) mod image_volume;
 pub(crate) mod remove;
 pub(crate) mod restore;
 pub mod spec;

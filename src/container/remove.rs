@@ -82,8 +82,16 @@ pub(crate) fn remove_locked(rt: &Runtime, entry: &ContainerEntry) -> Result<()> 
     unregister(rt, entry);
     tracing::info!(container_id = %rec.id, "container removed");
     rt.emit(EventKind::Deleted, &rec.id, &rec.sandbox_id);
-    // Its image was removed while it ran: its layers can go now if nothing else uses them.
-    if !rec.image_id.is_empty() && rt.images.get(&rec.image_id).is_none() {
+    // Its image (or an image volume's) was removed while it ran: its layers can go now if
+    // nothing else uses them.
+    let gone = |image: &str| !image.is_empty() && rt.images.get(image).is_none();
+    let volume_gone = rec
+        .config
+        .mounts
+        .iter()
+        .filter_map(|m| m.image.as_ref())
+        .any(|v| gone(&v.image_ref) && gone(&v.image));
+    if gone(&rec.image_id) || volume_gone {
         if let Err(e) = rt.images.collect(&rt.layers_in_use()) {
             tracing::warn!(error = %e, "cannot collect unused image content");
         }

@@ -25,10 +25,18 @@ pub fn container_config(c: &cri::ContainerConfig) -> Result<ContainerConfig, Err
         .unwrap_or_default();
     let mut mounts = Vec::new();
     for mt in &c.mounts {
-        if mt.image.is_some() {
-            return Err(Error::InvalidArgument(
-                "mounts.image: image volumes are not supported".into(),
-            ));
+        let image = mt.image.as_ref().filter(|i| !i.image.is_empty()).map(|i| {
+            crate::model::container::ImageVolume {
+                image: i.image.clone(),
+                sub_path: mt.image_sub_path.clone(),
+                ..Default::default()
+            }
+        });
+        if image.is_none() && !mt.image_sub_path.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "mounts.image_sub_path ({}): only for an image volume (mounts.image)",
+                mt.container_path
+            )));
         }
         let idmap = (!mt.uid_mappings.is_empty() || !mt.gid_mappings.is_empty()).then(|| {
             crate::sandbox::IdMap {
@@ -63,6 +71,7 @@ pub fn container_config(c: &cri::ContainerConfig) -> Result<ContainerConfig, Err
             recursive_read_only: mt.recursive_read_only,
             idmap,
             mount_options: mt.mount_options.clone(),
+            image,
         });
     }
     let linux = c.linux.clone().unwrap_or_default();
@@ -253,7 +262,7 @@ pub fn status_to_cri(r: &ContainerRecord) -> cri::ContainerStatus {
             .map(|m| cri::Mount {
                 container_path: m.container_path.clone(),
                 host_path: m.host_path.clone(),
-                readonly: m.readonly,
+                readonly: m.readonly || m.image.is_some(),
                 propagation: match m.propagation {
                     Propagation::Private => 0,
                     Propagation::HostToContainer => 1,
@@ -261,6 +270,17 @@ pub fn status_to_cri(r: &ContainerRecord) -> cri::ContainerStatus {
                 },
                 recursive_read_only: m.recursive_read_only,
                 mount_options: m.mount_options.clone(),
+                image: m.image.as_ref().map(|v| cri::ImageSpec {
+                    image: v.image.clone(),
+                    image_ref: v.image_ref.clone(),
+                    user_specified_image: v.image.clone(),
+                    ..Default::default()
+                }),
+                image_sub_path: m
+                    .image
+                    .as_ref()
+                    .map(|v| v.sub_path.clone())
+                    .unwrap_or_default(),
                 ..Default::default()
             })
             .collect(),

@@ -53,6 +53,24 @@ pub struct BindMount {
     pub idmap: Option<crate::model::sandbox::IdMap>,
     /// Extra mount flags (CRI `mount_options`, KEP-5855): `noexec`, `nodev`, `nosuid`.
     pub mount_options: Vec<String>,
+    /// An image volume (CRI `Mount.image`, KEP-4639): the image's files, read-only, instead
+    /// of `host_path` (empty then).
+    #[serde(default)]
+    pub image: Option<ImageVolume>,
+}
+
+/// An image (or OCI artifact) mounted as a volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct ImageVolume {
+    /// The image as kubelet names it (pulled beforehand).
+    pub image: String,
+    /// Only this subdirectory (or file) of the image (CRI `image_sub_path`); empty: all of it.
+    pub sub_path: String,
+    /// The image's digest reference, resolved at create (reported in ContainerStatus).
+    pub image_ref: String,
+    /// Its layers (diff ids, bottom first), resolved at create: kept while the container exists.
+    pub layers: Vec<String>,
 }
 
 /// CRI `SupplementalGroupsPolicy`.

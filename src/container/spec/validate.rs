@@ -56,6 +56,15 @@ pub fn validate(c: &ContainerConfig) -> Result<()> {
     }
     for m in &c.mounts {
         clean_abs("mounts.container_path", &m.container_path)?;
+        if m.image.is_some() {
+            if m.propagation != super::super::Propagation::Private || m.idmap.is_some() {
+                return Err(invalid(format!(
+                    "mounts.image ({}): an image volume is private and takes no id map of its own",
+                    m.container_path
+                )));
+            }
+            continue;
+        }
         clean_abs("mounts.host_path", &m.host_path)?;
         if m.recursive_read_only
             && (!m.readonly || m.propagation != super::super::Propagation::Private)
