@@ -410,8 +410,10 @@ impl Runtime {
     }
 
     /// UpdatePodSandboxResources (in-place pod resize): the pod's new resources and overhead,
-    /// recorded (persisted, shown in the verbose status). kubelet sizes the pod cgroup itself
-    /// before it calls this, as with containerd and CRI-O, which record them too.
+    /// recorded (persisted, shown in the verbose status). Where kubelet gave the pod's cgroup
+    /// it sizes it itself before it calls this (containerd and CRI-O only record them too); a
+    /// pod cgroup made by the daemon is resized here, and a memory limit below what the pod
+    /// uses now is refused (`FailedPrecondition`) rather than left to the OOM killer.
     pub fn update_pod_sandbox_resources(
         &self,
         id: &str,
@@ -423,6 +425,20 @@ impl Runtime {
             id: id.to_string(),
         })?;
         let _op = lock(&entry.op);
+        let rec = lock(&entry.record).clone();
+        if rec.own_pod_cgroup && rec.state == sandbox::SandboxState::Ready {
+            let limits = cgroups::PodLimits::of(resources.as_ref(), overhead.as_ref());
+            let used = cgroups::usage(&rec.pod_cgroup).memory_bytes;
+            if let Some(used) = used.filter(|u| limits.memory > 0 && *u as i64 > limits.memory) {
+                return Err(Error::FailedPrecondition(format!(
+                    "pod {id} uses {used} bytes of memory now, more than the requested limit of {} (resources plus overhead)",
+                    limits.memory
+                )));
+            }
+            self.host
+                .set_cgroup_limits(&rec.pod_cgroup, &limits)
+                .map_err(|e| Error::step("resize the pod's cgroup", id, e))?;
+        }
         entry.update(|r| {
             r.config.overhead = overhead;
             r.config.resources = resources;

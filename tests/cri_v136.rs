@@ -310,7 +310,9 @@ fn streaming_lists() {
 }
 
 /// Pod-level resources: sent at RunPodSandbox, changed in place by UpdatePodSandboxResources,
-/// kept in the pod's record (the verbose status shows it); an unknown pod is NotFound.
+/// kept in the pod's record (the verbose status shows it) and, for a pod cgroup the daemon
+/// made, written to it with the overhead added (cgroup v1 files here; v2 in the VM lane);
+/// a memory limit below the pod's use is FailedPrecondition; an unknown pod is NotFound.
 #[test]
 fn pod_level_resources() {
     let env = Env::new("v136-podres");
@@ -339,6 +341,23 @@ fn pod_level_resources() {
             .info;
         serde_json::from_str(&info["info"]).unwrap()
     };
+    // The pod's cgroup (made by the daemon: no cgroup_parent given) is sized with both.
+    let cg = format!("{}/pod-{sb}", env.cfg.cgroup_parent);
+    let limits = || {
+        let read = |ctl: &str, f: &str| -> i64 {
+            let d = sandboxd::cgroups::controller_dir(ctl, &cg).expect(ctl);
+            std::fs::read_to_string(d.join(f))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
+        };
+        (
+            read("memory", "memory.limit_in_bytes"),
+            read("cpu", "cpu.cfs_quota_us"),
+        )
+    };
+    assert_eq!(limits(), (268435456 + 16777216, 50000));
     let r = record(&mut c);
     assert_eq!(
         r["config"]["resources"]["memory_limit_in_bytes"], 268435456,
@@ -364,6 +383,31 @@ fn pod_level_resources() {
     let r = record(&mut c);
     assert_eq!(r["config"]["resources"]["memory_limit_in_bytes"], 536870912);
     assert_eq!(r["config"]["resources"]["cpu_quota"], 100000);
+    assert_eq!(limits(), (536870912 + 16777216, 100000), "resized in place");
+    // A memory limit below what the pod uses now is refused, and nothing changes.
+    let id = sleeper(&rt, &mut c, &sb, &p, "user");
+    exec(
+        &rt,
+        &mut c,
+        &id,
+        "dd if=/dev/zero of=/tmp/fill bs=1M count=16 2>&1",
+    );
+    let e = rt
+        .block_on(
+            c.update_pod_sandbox_resources(cri::UpdatePodSandboxResourcesRequest {
+                pod_sandbox_id: sb.clone(),
+                overhead: None,
+                resources: Some(cri::LinuxContainerResources {
+                    memory_limit_in_bytes: 4 << 20,
+                    ..Default::default()
+                }),
+            }),
+        )
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert_eq!(limits().0, 536870912 + 16777216);
+    let r = record(&mut c);
+    assert_eq!(r["config"]["resources"]["memory_limit_in_bytes"], 536870912);
     let e = rt
         .block_on(
             c.update_pod_sandbox_resources(cri::UpdatePodSandboxResourcesRequest {

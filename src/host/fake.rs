@@ -44,6 +44,7 @@ pub(crate) enum Op {
     RuntimeDelete,
     RuntimeState,
     RemoveCgroup,
+    SetCgroupLimits,
 }
 
 /// One logged call: the operation and what it was about (a path, a container id, the
@@ -416,6 +417,14 @@ impl Host for FakeHost {
 
     fn remove_cgroup(&self, cgroup: &str) -> Result<(), HostError> {
         self.host_result(Op::RemoveCgroup, cgroup)
+    }
+
+    fn set_cgroup_limits(
+        &self,
+        cgroup: &str,
+        _: &crate::cgroups::PodLimits,
+    ) -> Result<(), HostError> {
+        self.host_result(Op::SetCgroupLimits, cgroup)
     }
 }
 

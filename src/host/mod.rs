@@ -129,6 +129,13 @@ pub(crate) trait Host: Send + Sync {
 
     /// Removes a cgroup in every hierarchy (`cgroups::remove`).
     fn remove_cgroup(&self, cgroup: &str) -> Result<(), HostError>;
+
+    /// Sizes a pod's cgroup (`cgroups::set_limits`).
+    fn set_cgroup_limits(
+        &self,
+        cgroup: &str,
+        limits: &crate::cgroups::PodLimits,
+    ) -> Result<(), HostError>;
 }
 
 /// The host itself: each method is the function it names, nothing added.
@@ -258,5 +265,13 @@ impl Host for RealHost {
 
     fn remove_cgroup(&self, cgroup: &str) -> Result<(), HostError> {
         crate::cgroups::remove(cgroup)
+    }
+
+    fn set_cgroup_limits(
+        &self,
+        cgroup: &str,
+        limits: &crate::cgroups::PodLimits,
+    ) -> Result<(), HostError> {
+        crate::cgroups::set_limits(cgroup, limits)
     }
 }

@@ -266,6 +266,16 @@ fn create(
         failpoint::hit("run:shm");
     }
 
+    // Pod-level resources: where kubelet gave the pod's cgroup it has sized it itself (as
+    // with containerd and CRI-O); a cgroup made here for the pod is sized here.
+    if rec.own_pod_cgroup && (config.resources.is_some() || config.overhead.is_some()) {
+        let limits =
+            crate::cgroups::PodLimits::of(config.resources.as_ref(), config.overhead.as_ref());
+        rt.host
+            .set_cgroup_limits(&rec.pod_cgroup, &limits)
+            .map_err(|e| Error::step("size the pod's cgroup", &id, e))?;
+    }
+
     if plan.infra {
         start_infra(rt, entry, config, plan, &rec)?;
     }
