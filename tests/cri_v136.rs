@@ -704,3 +704,211 @@ fn image_volumes_in_user_namespace_pods() {
     remove_pod(&rt, &mut c, &sb);
     env.assert_no_leaks();
 }
+
+/// The metrics the CRI validation suite's newest spec (cri-tools after v1.36, "runtime should
+/// support metrics operations") requires, checked the way it checks them: every expected
+/// descriptor (with help and label keys), a value with as many labels as its keys for every
+/// descriptor returned; and PSI in the stats exactly where the kernel keeps it.
+#[test]
+fn metrics_the_validation_suite_expects() {
+    use std::collections::HashMap;
+    const EXPECTED: &[&str] = &[
+        "container_blkio_device_usage_total",
+        "container_cpu_cfs_periods_total",
+        "container_cpu_cfs_throttled_periods_total",
+        "container_cpu_cfs_throttled_seconds_total",
+        "container_cpu_system_seconds_total",
+        "container_cpu_usage_seconds_total",
+        "container_cpu_user_seconds_total",
+        "container_file_descriptors",
+        "container_fs_inodes_free",
+        "container_fs_inodes_total",
+        "container_fs_limit_bytes",
+        "container_fs_reads_bytes_total",
+        "container_fs_reads_total",
+        "container_fs_usage_bytes",
+        "container_fs_writes_bytes_total",
+        "container_fs_writes_total",
+        "container_hugetlb_max_usage_bytes",
+        "container_hugetlb_usage_bytes",
+        "container_last_seen",
+        "container_memory_cache",
+        "container_memory_failcnt",
+        "container_memory_failures_total",
+        "container_memory_kernel_usage",
+        "container_memory_mapped_file",
+        "container_memory_max_usage_bytes",
+        "container_memory_rss",
+        "container_memory_swap",
+        "container_memory_usage_bytes",
+        "container_memory_working_set_bytes",
+        "container_network_receive_bytes_total",
+        "container_network_receive_errors_total",
+        "container_network_receive_packets_dropped_total",
+        "container_network_receive_packets_total",
+        "container_network_transmit_bytes_total",
+        "container_network_transmit_errors_total",
+        "container_network_transmit_packets_dropped_total",
+        "container_network_transmit_packets_total",
+        "container_oom_events_total",
+        "container_pressure_cpu_stalled_seconds_total",
+        "container_pressure_cpu_waiting_seconds_total",
+        "container_pressure_io_stalled_seconds_total",
+        "container_pressure_io_waiting_seconds_total",
+        "container_pressure_memory_stalled_seconds_total",
+        "container_pressure_memory_waiting_seconds_total",
+        "container_processes",
+        "container_sockets",
+        "container_spec_cpu_period",
+        "container_spec_cpu_quota",
+        "container_spec_cpu_shares",
+        "container_spec_memory_limit_bytes",
+        "container_spec_memory_reservation_limit_bytes",
+        "container_spec_memory_swap_limit_bytes",
+        "container_start_time_seconds",
+        "container_threads",
+        "container_threads_max",
+        "container_ulimits_soft",
+    ];
+    // What the spec lets a runtime leave out (descriptor and value), and what may lack a value.
+    const MAY_LACK: &[&str] = &[
+        "container_hugetlb_max_usage_bytes",
+        "container_hugetlb_usage_bytes",
+        "container_pressure_cpu_stalled_seconds_total",
+        "container_pressure_cpu_waiting_seconds_total",
+        "container_pressure_io_stalled_seconds_total",
+        "container_pressure_io_waiting_seconds_total",
+        "container_pressure_memory_stalled_seconds_total",
+        "container_pressure_memory_waiting_seconds_total",
+        "container_spec_cpu_quota",
+        "container_spec_memory_reservation_limit_bytes",
+        "container_ulimits_soft",
+    ];
+    const VALUE_OPTIONAL: &[&str] = &[
+        "container_blkio_device_usage_total",
+        "container_fs_reads_bytes_total",
+        "container_fs_reads_total",
+        "container_fs_writes_bytes_total",
+        "container_fs_writes_total",
+    ];
+    let env = Env::new("v136-metrics");
+    let (_d, rt, mut c) = daemon(&env);
+    let p = pod("metrics", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    let mut cfg = ctr("m", &["sleep", "1000"], serde_json::json!({}));
+    cfg.linux.get_or_insert_with(Default::default).resources = Some(cri::LinuxContainerResources {
+        cpu_period: 100000,
+        cpu_quota: 20000,
+        cpu_shares: 1024,
+        memory_limit_in_bytes: 64 << 20,
+        memory_swap_limit_in_bytes: 64 << 20,
+        ..Default::default()
+    });
+    let id = create(&rt, &mut c, &sb, &p, cfg).unwrap();
+    start(&rt, &mut c, &id);
+    exec(
+        &rt,
+        &mut c,
+        &id,
+        "mkdir -p /var/lib/mydisktest && for i in $(seq 1 10); do echo hi >> /var/lib/mydisktest/inode_test_file_$i; done; sync",
+    );
+    let descriptors = rt
+        .block_on(c.list_metric_descriptors(cri::ListMetricDescriptorsRequest {}))
+        .unwrap()
+        .into_inner()
+        .descriptors;
+    let keys: HashMap<&str, usize> = descriptors
+        .iter()
+        .map(|d| (d.name.as_str(), d.label_keys.len()))
+        .collect();
+    for d in &descriptors {
+        assert!(!d.help.is_empty() && !d.label_keys.is_empty(), "{}", d.name);
+    }
+    for name in EXPECTED.iter().filter(|n| !MAY_LACK.contains(n)) {
+        assert!(keys.contains_key(name), "descriptor {name} missing");
+    }
+    let all = rt
+        .block_on(c.list_pod_sandbox_metrics(cri::ListPodSandboxMetricsRequest {}))
+        .unwrap()
+        .into_inner()
+        .pod_metrics;
+    let pm = all
+        .iter()
+        .find(|m| m.pod_sandbox_id == sb)
+        .expect("the pod's metrics");
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for m in pm
+        .metrics
+        .iter()
+        .chain(pm.container_metrics.iter().flat_map(|c| &c.metrics))
+    {
+        if !m.label_values.is_empty() {
+            seen.entry(m.name.as_str()).or_insert(m.label_values.len());
+        }
+    }
+    for d in &descriptors {
+        let name = d.name.as_str();
+        if MAY_LACK.contains(&name) || VALUE_OPTIONAL.contains(&name) {
+            continue;
+        }
+        let n = seen
+            .get(name)
+            .unwrap_or_else(|| panic!("no value for {name}"));
+        assert_eq!(*n, keys[name], "label count of {name}");
+    }
+    let spec = |name: &str| {
+        pm.container_metrics
+            .iter()
+            .flat_map(|c| &c.metrics)
+            .find(|m| m.name == name)
+            .and_then(|m| m.value.as_ref())
+            .map(|v| v.value)
+    };
+    assert_eq!(spec("container_spec_cpu_quota"), Some(20000));
+    assert_eq!(spec("container_spec_cpu_period"), Some(100000));
+    assert_eq!(spec("container_spec_cpu_shares"), Some(1024));
+    assert_eq!(spec("container_spec_memory_limit_bytes"), Some(64 << 20));
+    assert!(spec("container_file_descriptors").is_some_and(|n| n >= 3));
+
+    // PSI: reported exactly where the unified hierarchy keeps it for the container's cgroup.
+    let cgroup = {
+        let info = rt
+            .block_on(c.container_status(cri::ContainerStatusRequest {
+                container_id: id.clone(),
+                verbose: true,
+            }))
+            .unwrap()
+            .into_inner()
+            .info;
+        let v: serde_json::Value = serde_json::from_str(&info["info"]).unwrap();
+        v["cgroup"].as_str().unwrap().to_string()
+    };
+    let kept = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(" - cgroup2 "))
+        .filter_map(|l| l.split(' ').nth(4).map(std::path::PathBuf::from))
+        .any(|mp| {
+            mp.join(cgroup.trim_start_matches('/'))
+                .join("cpu.pressure")
+                .exists()
+        });
+    let stats = rt
+        .block_on(c.container_stats(cri::ContainerStatsRequest {
+            container_id: id.clone(),
+        }))
+        .unwrap()
+        .into_inner()
+        .stats
+        .unwrap();
+    let cpu_psi = stats.cpu.as_ref().and_then(|c| c.psi.as_ref());
+    assert_eq!(cpu_psi.is_some(), kept, "cpu PSI where kept: {stats:?}");
+    assert_eq!(stats.io.is_some(), kept, "io PSI where kept");
+    assert_eq!(
+        seen.contains_key("container_pressure_cpu_waiting_seconds_total"),
+        kept
+    );
+    eprintln!("PSI per cgroup on this host: {kept}");
+    remove_pod(&rt, &mut c, &sb);
+    env.assert_no_leaks();
+}

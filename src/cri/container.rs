@@ -355,7 +355,8 @@ pub fn container_filter(
     }))
 }
 
-/// CPU and memory usage messages of a cgroup's usage.
+/// CPU and memory usage messages of a cgroup's usage, with pressure stall information
+/// where the kernel keeps it (absent, never zero, where it does not).
 pub fn usage_to_cri(u: &Usage, now: i64) -> (cri::CpuUsage, cri::MemoryUsage) {
     let v = |x: Option<u64>| x.map(|value| cri::UInt64Value { value });
     (
@@ -363,15 +364,42 @@ pub fn usage_to_cri(u: &Usage, now: i64) -> (cri::CpuUsage, cri::MemoryUsage) {
             timestamp: now,
             usage_core_nano_seconds: v(u.cpu_nanos),
             usage_nano_cores: None,
-            psi: None,
+            psi: u.psi.cpu.map(psi_to_cri),
         },
         cri::MemoryUsage {
             timestamp: now,
             working_set_bytes: v(u.working_set_bytes),
             usage_bytes: v(u.memory_bytes),
+            psi: u.psi.memory.map(psi_to_cri),
             ..Default::default()
         },
     )
+}
+
+/// I/O usage: only pressure stall information so far (CRI `IoUsage`), where kept.
+pub fn io_to_cri(u: &Usage, now: i64) -> Option<cri::IoUsage> {
+    u.psi.io.map(|p| cri::IoUsage {
+        timestamp: now,
+        psi: Some(psi_to_cri(p)),
+    })
+}
+
+/// CRI `PsiStats` of a cgroup's `<resource>.pressure` (totals in microseconds).
+fn psi_to_cri(p: crate::cgroups::Pressure) -> cri::PsiStats {
+    cri::PsiStats {
+        some: Some(cri::PsiData {
+            total: p.some_total_us,
+            avg10: p.some_avg10.get(),
+            avg60: p.some_avg60.get(),
+            avg300: p.some_avg300.get(),
+        }),
+        full: p.full_total_us.map(|total| cri::PsiData {
+            total,
+            avg10: p.full_avg10.get(),
+            avg60: p.full_avg60.get(),
+            avg300: p.full_avg300.get(),
+        }),
+    }
 }
 
 fn stats_with(
@@ -390,7 +418,7 @@ fn stats_with(
         }),
         cpu: Some(cpu),
         memory: Some(memory),
-        io: None,
+        io: io_to_cri(u, now),
         // Not measured yet (just after a daemon restart): absent, as kubelet allows.
         writable_layer: used.map(|m| writable_layer(r, m)),
         swap: None,

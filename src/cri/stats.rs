@@ -32,7 +32,7 @@ pub(crate) fn pod_stats(p: &crate::metrics::PodUsage) -> cri::PodSandboxStats {
                 process_count: Some(cri::UInt64Value { value: n }),
             }),
             containers,
-            io: None,
+            io: container::io_to_cri(&p.cgroup.usage(), now),
         }),
         windows: None,
     }

@@ -6,6 +6,12 @@ use std::path::{Path, PathBuf};
 
 use crate::error::HostError;
 
+mod extra;
+mod limits;
+
+pub use extra::{BlkioDevice, Hugetlb, Pressure, Procs};
+pub use limits::{set_limits, PodLimits};
+
 /// One mounted cgroup hierarchy.
 #[derive(Debug, Clone)]
 pub struct Hierarchy {
@@ -108,12 +114,35 @@ pub struct Usage {
     pub memory_bytes: Option<u64>,
     /// Memory use minus inactive file cache (what kubelet evicts on).
     pub working_set_bytes: Option<u64>,
+    /// Pressure stall information of CPU, memory and I/O, where the kernel keeps it.
+    pub psi: Psi,
+}
+
+/// Pressure stall information of a cgroup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Psi {
+    pub cpu: Option<Pressure>,
+    pub memory: Option<Pressure>,
+    pub io: Option<Pressure>,
+}
+
+impl Psi {
+    fn of(cgroup: &str) -> Psi {
+        Psi {
+            cpu: extra::pressure(cgroup, "cpu"),
+            memory: extra::pressure(cgroup, "memory"),
+            io: extra::pressure(cgroup, "io"),
+        }
+    }
 }
 
 /// Reads the usage of `cgroup` from whichever hierarchies hold cpu accounting and memory.
 pub fn usage(cgroup: &str) -> Usage {
     let read = |p: PathBuf| std::fs::read_to_string(p).ok();
-    let mut u = Usage::default();
+    let mut u = Usage {
+        psi: Psi::of(cgroup),
+        ..Default::default()
+    };
     if let Some(d) = controller_dir("cpuacct", cgroup) {
         u.cpu_nanos = read(d.join("cpuacct.usage")).and_then(|s| s.trim().parse().ok());
     }
@@ -166,6 +195,21 @@ pub struct Detail {
     pub tasks_max: Option<u64>,
     /// Processes in the cgroup and its descendants.
     pub processes: Option<u64>,
+    /// Limits as set (cAdvisor's `container_spec_*`): CFS period and quota (µs; quota `None`
+    /// when unlimited), shares (v2: from `cpu.weight`), memory reservation and swap limit.
+    pub cpu_period: Option<u64>,
+    pub cpu_quota: Option<u64>,
+    pub cpu_shares: Option<u64>,
+    pub memory_reservation_bytes: Option<u64>,
+    pub memory_swap_limit_bytes: Option<u64>,
+    pub kernel_bytes: Option<u64>,
+    /// Page faults, minor and major: of the cgroup alone, and of it with its descendants.
+    pub pgfault: Option<(u64, u64)>,
+    pub hierarchy_pgfault: Option<(u64, u64)>,
+    pub blkio: Vec<BlkioDevice>,
+    pub hugetlb: Vec<Hugetlb>,
+    pub psi: Psi,
+    pub procs: Option<Procs>,
 }
 
 impl Detail {
@@ -175,6 +219,7 @@ impl Detail {
             cpu_nanos: self.cpu_nanos,
             memory_bytes: self.memory_bytes,
             working_set_bytes: self.working_set_bytes,
+            psi: self.psi,
         }
     }
 }
@@ -185,6 +230,7 @@ impl From<Usage> for Detail {
             cpu_nanos: u.cpu_nanos,
             memory_bytes: u.memory_bytes,
             working_set_bytes: u.working_set_bytes,
+            psi: u.psi,
             ..Default::default()
         }
     }
@@ -202,6 +248,10 @@ pub fn detail(cgroup: &str) -> Detail {
         cpu_nanos: u.cpu_nanos,
         memory_bytes: u.memory_bytes,
         working_set_bytes: u.working_set_bytes,
+        psi: u.psi,
+        blkio: extra::blkio(cgroup),
+        hugetlb: extra::hugetlb(cgroup),
+        procs: extra::procs(cgroup),
         ..Default::default()
     };
     if let Some(dir) = controller_dir("cpuacct", cgroup) {
@@ -226,15 +276,39 @@ pub fn detail(cgroup: &str) -> Detail {
             d.cfs_throttled_nanos =
                 key_value(&t, "throttled_time").or_else(|| us("throttled_usec"));
         }
+        match read(dir.join("cpu.max")) {
+            // v2: "max 100000" or "50000 100000"; weight 1..10000 back to shares.
+            Some(max) => {
+                let mut f = max.split_whitespace();
+                d.cpu_quota = f.next().and_then(|q| q.parse().ok());
+                d.cpu_period = f.next().and_then(|p| p.parse().ok());
+                d.cpu_shares = num(dir.join("cpu.weight"))
+                    .map(|w| 2 + ((w.saturating_sub(1)) * 262_142) / 9999);
+            }
+            None => {
+                d.cpu_period = num(dir.join("cpu.cfs_period_us"));
+                d.cpu_quota = read(dir.join("cpu.cfs_quota_us"))
+                    .and_then(|q| q.trim().parse::<i64>().ok())
+                    .and_then(|q| u64::try_from(q).ok());
+                d.cpu_shares = num(dir.join("cpu.shares"));
+            }
+        }
     }
     if let Some(dir) = controller_dir("memory", cgroup) {
         let stat = read(dir.join("memory.stat")).unwrap_or_default();
         let k = |key| key_value(&stat, key);
+        d.kernel_bytes = extra::kernel_memory(&dir, &stat);
         if dir.join("memory.usage_in_bytes").exists() {
             d.rss_bytes = k("total_rss");
             d.cache_bytes = k("total_cache");
             d.mapped_file_bytes = k("total_mapped_file");
-            d.swap_bytes = k("total_swap");
+            // No swap accounting: nothing can be swapped out of the cgroup's account (as
+            // cAdvisor reports it).
+            d.swap_bytes = k("total_swap").or(Some(0));
+            d.pgfault = k("pgfault").zip(k("pgmajfault"));
+            d.hierarchy_pgfault = k("total_pgfault").zip(k("total_pgmajfault"));
+            d.memory_reservation_bytes = num(dir.join("memory.soft_limit_in_bytes"));
+            d.memory_swap_limit_bytes = num(dir.join("memory.memsw.limit_in_bytes"));
             d.max_usage_bytes = num(dir.join("memory.max_usage_in_bytes"));
             d.failcnt = num(dir.join("memory.failcnt"));
             d.oom_kills =
@@ -246,7 +320,17 @@ pub fn detail(cgroup: &str) -> Detail {
             d.rss_bytes = k("anon");
             d.cache_bytes = k("file");
             d.mapped_file_bytes = k("file_mapped");
-            d.swap_bytes = num(dir.join("memory.swap.current"));
+            d.swap_bytes = num(dir.join("memory.swap.current")).or(Some(0));
+            d.pgfault = k("pgfault").zip(k("pgmajfault"));
+            d.hierarchy_pgfault = d.pgfault;
+            let limit = |f: &str| {
+                read(dir.join(f)).and_then(|v| match v.trim() {
+                    "max" => Some(u64::MAX),
+                    v => v.parse().ok(),
+                })
+            };
+            d.memory_reservation_bytes = limit("memory.low");
+            d.memory_swap_limit_bytes = limit("memory.swap.max");
             d.max_usage_bytes = num(dir.join("memory.peak"));
             d.oom_kills = read(dir.join("memory.events")).and_then(|t| key_value(&t, "oom_kill"));
             d.memory_limit_bytes = num(dir.join("memory.max"));
@@ -254,7 +338,11 @@ pub fn detail(cgroup: &str) -> Detail {
     }
     if let Some(dir) = controller_dir("pids", cgroup) {
         d.tasks = num(dir.join("pids.current"));
-        d.tasks_max = num(dir.join("pids.max"));
+        // "max": no limit, which cAdvisor reports as 0.
+        d.tasks_max = read(dir.join("pids.max")).and_then(|m| match m.trim() {
+            "max" => Some(0),
+            m => m.parse().ok(),
+        });
         d.processes = Some(count_procs(&dir));
     }
     d
@@ -281,136 +369,6 @@ fn count_procs(dir: &Path) -> u64 {
         }
     }
     n
-}
-
-/// A pod's cgroup limits: its pod-level resources plus its overhead (CRI
-/// `LinuxPodSandboxConfig.resources` and `overhead`), as kubelet sizes a pod's cgroup.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PodLimits {
-    /// Bytes; 0: no limit.
-    pub memory: i64,
-    /// CFS quota in µs per `cpu_period`; 0: no limit.
-    pub cpu_quota: i64,
-    /// CFS period in µs.
-    pub cpu_period: i64,
-    /// cgroup v1 shares (converted to `cpu.weight` on v2); 0: not set.
-    pub cpu_shares: i64,
-}
-
-impl PodLimits {
-    /// The limits for `resources` with `overhead` added (a resource the pod does not limit
-    /// stays unlimited, overhead or not).
-    pub fn of(
-        resources: Option<&crate::model::container::Resources>,
-        overhead: Option<&crate::model::container::Resources>,
-    ) -> PodLimits {
-        let d = crate::model::container::Resources::default();
-        let (r, o) = (resources.unwrap_or(&d), overhead.unwrap_or(&d));
-        let period = if r.cpu_period > 0 {
-            r.cpu_period
-        } else {
-            100_000
-        };
-        let o_period = if o.cpu_period > 0 {
-            o.cpu_period
-        } else {
-            100_000
-        };
-        let o_quota = o.cpu_quota.max(0).saturating_mul(period) / o_period;
-        PodLimits {
-            memory: if r.memory_limit_in_bytes > 0 {
-                r.memory_limit_in_bytes
-                    .saturating_add(o.memory_limit_in_bytes.max(0))
-            } else {
-                0
-            },
-            cpu_quota: if r.cpu_quota > 0 {
-                r.cpu_quota.saturating_add(o_quota)
-            } else {
-                0
-            },
-            cpu_period: period,
-            cpu_shares: if r.cpu_shares > 0 {
-                r.cpu_shares.saturating_add(o.cpu_shares.max(0))
-            } else {
-                0
-            },
-        }
-    }
-}
-
-/// Writes `l` to `cgroup` (made where missing): v1 `memory.limit_in_bytes`,
-/// `cpu.cfs_period_us`/`cpu.cfs_quota_us`/`cpu.shares`; v2 `memory.max`, `cpu.max`,
-/// `cpu.weight` (with the controllers enabled on the way down).
-pub fn set_limits(cgroup: &str, l: &PodLimits) -> Result<(), HostError> {
-    if cgroup.split('/').any(|c| c == "..") || cgroup.trim_matches('/').is_empty() {
-        return Err(HostError::Refused {
-            op: "set cgroup limits",
-            path: cgroup.into(),
-            reason: "not a cgroup path of ours".into(),
-        });
-    }
-    let write = |d: &Path, f: &str, v: String| {
-        std::fs::write(d.join(f), &v).map_err(|e| HostError::io("write", d.join(f), e))
-    };
-    let make = |d: &Path| std::fs::create_dir_all(d).map_err(|e| HostError::io("create", d, e));
-    let hs = hierarchies();
-    let v1 = |ctl: &str| {
-        hs.iter().find(|h| {
-            h.controllers
-                .as_ref()
-                .is_some_and(|c| c.iter().any(|c| c == ctl))
-        })
-    };
-    if let (Some(m), Some(c)) = (v1("memory"), v1("cpu")) {
-        let md = join(&m.mount_point, cgroup);
-        make(&md)?;
-        let mem = if l.memory > 0 { l.memory } else { -1 };
-        write(&md, "memory.limit_in_bytes", mem.to_string())?;
-        let cd = join(&c.mount_point, cgroup);
-        make(&cd)?;
-        write(&cd, "cpu.cfs_period_us", l.cpu_period.to_string())?;
-        let quota = if l.cpu_quota > 0 { l.cpu_quota } else { -1 };
-        write(&cd, "cpu.cfs_quota_us", quota.to_string())?;
-        if l.cpu_shares > 0 {
-            write(&cd, "cpu.shares", l.cpu_shares.max(2).to_string())?;
-        }
-        return Ok(());
-    }
-    let Some(h) = hs.iter().find(|h| h.controllers.is_none()) else {
-        return Err(HostError::Other(
-            "no cgroup hierarchy with the memory and cpu controllers".into(),
-        ));
-    };
-    let mut at = h.mount_point.clone();
-    for part in cgroup.trim_matches('/').split('/') {
-        // Best effort: a parent that already delegates them answers the same.
-        let _ = std::fs::write(at.join("cgroup.subtree_control"), "+cpu +memory");
-        at = at.join(part);
-        make(&at)?;
-    }
-    let mem = if l.memory > 0 {
-        l.memory.to_string()
-    } else {
-        "max".into()
-    };
-    write(&at, "memory.max", mem)?;
-    let quota = if l.cpu_quota > 0 {
-        l.cpu_quota.to_string()
-    } else {
-        "max".into()
-    };
-    write(&at, "cpu.max", format!("{quota} {}", l.cpu_period))?;
-    if l.cpu_shares > 0 {
-        // runc's and kubelet's conversion of shares (2..262144) to weight (1..10000).
-        let shares = l.cpu_shares.clamp(2, 262_144);
-        write(
-            &at,
-            "cpu.weight",
-            (1 + ((shares - 2) * 9999) / 262_142).to_string(),
-        )?;
-    }
-    Ok(())
 }
 
 /// Removes `cgroup` (an empty directory once its containers are deleted) from every

@@ -10,226 +10,9 @@ use crate::api::v1 as cri;
 use crate::cgroups::Detail;
 use crate::metrics::{ContainerUsage, PodUsage};
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Labels {
-    Base,
-    Interface,
-    Device,
-}
+mod defs;
 
-impl Labels {
-    fn keys(self) -> Vec<String> {
-        let mut k = vec!["id".to_string(), "name".into(), "image".into()];
-        match self {
-            Labels::Base => {}
-            Labels::Interface => k.push("interface".into()),
-            Labels::Device => k.push("device".into()),
-        }
-        k
-    }
-}
-
-struct Def {
-    name: &'static str,
-    help: &'static str,
-    counter: bool,
-    labels: Labels,
-}
-
-const fn d(name: &'static str, help: &'static str, counter: bool, labels: Labels) -> Def {
-    Def {
-        name,
-        help,
-        counter,
-        labels,
-    }
-}
-
-use Labels::{Base, Device, Interface};
-
-const DEFS: &[Def] = &[
-    d(
-        "container_cpu_usage_seconds_total",
-        "Cumulative cpu time consumed in seconds.",
-        true,
-        Base,
-    ),
-    d(
-        "container_cpu_user_seconds_total",
-        "Cumulative user cpu time consumed in seconds.",
-        true,
-        Base,
-    ),
-    d(
-        "container_cpu_system_seconds_total",
-        "Cumulative system cpu time consumed in seconds.",
-        true,
-        Base,
-    ),
-    d(
-        "container_cpu_cfs_periods_total",
-        "Number of elapsed enforcement period intervals.",
-        true,
-        Base,
-    ),
-    d(
-        "container_cpu_cfs_throttled_periods_total",
-        "Number of throttled period intervals.",
-        true,
-        Base,
-    ),
-    d(
-        "container_cpu_cfs_throttled_seconds_total",
-        "Total time duration the container has been throttled.",
-        true,
-        Base,
-    ),
-    d(
-        "container_memory_usage_bytes",
-        "Current memory usage in bytes, including all memory regardless of when it was accessed.",
-        false,
-        Base,
-    ),
-    d(
-        "container_memory_working_set_bytes",
-        "Current working set in bytes.",
-        false,
-        Base,
-    ),
-    d("container_memory_rss", "Size of RSS in bytes.", false, Base),
-    d(
-        "container_memory_cache",
-        "Number of bytes of page cache memory.",
-        false,
-        Base,
-    ),
-    d(
-        "container_memory_mapped_file",
-        "Size of memory mapped files in bytes.",
-        false,
-        Base,
-    ),
-    d(
-        "container_memory_swap",
-        "Container swap usage in bytes.",
-        false,
-        Base,
-    ),
-    d(
-        "container_memory_max_usage_bytes",
-        "Maximum memory usage recorded in bytes.",
-        false,
-        Base,
-    ),
-    d(
-        "container_memory_failcnt",
-        "Number of memory usage hits limits.",
-        true,
-        Base,
-    ),
-    d(
-        "container_oom_events_total",
-        "Count of out of memory events observed for the container.",
-        true,
-        Base,
-    ),
-    d(
-        "container_spec_memory_limit_bytes",
-        "Memory limit for the container.",
-        false,
-        Base,
-    ),
-    d(
-        "container_processes",
-        "Number of processes running inside the container.",
-        false,
-        Base,
-    ),
-    d(
-        "container_threads",
-        "Number of threads running inside the container.",
-        false,
-        Base,
-    ),
-    d(
-        "container_threads_max",
-        "Maximum number of threads allowed inside the container.",
-        false,
-        Base,
-    ),
-    d(
-        "container_start_time_seconds",
-        "Start time of the container since unix epoch in seconds.",
-        false,
-        Base,
-    ),
-    d(
-        "container_last_seen",
-        "Last time a container was seen by the exporter.",
-        false,
-        Base,
-    ),
-    d(
-        "container_fs_usage_bytes",
-        "Number of bytes that are consumed by the container on this filesystem.",
-        false,
-        Device,
-    ),
-    d(
-        "container_fs_inodes_total",
-        "Number of inodes the container uses on this filesystem.",
-        false,
-        Device,
-    ),
-    d(
-        "container_network_receive_bytes_total",
-        "Cumulative count of bytes received.",
-        true,
-        Interface,
-    ),
-    d(
-        "container_network_receive_packets_total",
-        "Cumulative count of packets received.",
-        true,
-        Interface,
-    ),
-    d(
-        "container_network_receive_errors_total",
-        "Cumulative count of errors encountered while receiving.",
-        true,
-        Interface,
-    ),
-    d(
-        "container_network_receive_packets_dropped_total",
-        "Cumulative count of packets dropped while receiving.",
-        true,
-        Interface,
-    ),
-    d(
-        "container_network_transmit_bytes_total",
-        "Cumulative count of bytes transmitted.",
-        true,
-        Interface,
-    ),
-    d(
-        "container_network_transmit_packets_total",
-        "Cumulative count of packets transmitted.",
-        true,
-        Interface,
-    ),
-    d(
-        "container_network_transmit_errors_total",
-        "Cumulative count of errors encountered while transmitting.",
-        true,
-        Interface,
-    ),
-    d(
-        "container_network_transmit_packets_dropped_total",
-        "Cumulative count of packets dropped while transmitting.",
-        true,
-        Interface,
-    ),
-];
+use defs::DEFS;
 
 /// Every metric `ListPodSandboxMetrics` may send.
 pub fn descriptors() -> Vec<cri::MetricDescriptor> {
@@ -250,13 +33,17 @@ struct Out<'a> {
 
 impl Out<'_> {
     fn push(&mut self, name: &'static str, extra: Option<&str>, value: Option<u64>) {
+        self.push_labelled(name, extra.as_slice(), value);
+    }
+
+    fn push_labelled(&mut self, name: &'static str, extra: &[&str], value: Option<u64>) {
         let Some(value) = value else { return };
         let def = DEFS
             .iter()
             .find(|d| d.name == name)
             .expect("a defined metric");
         let mut labels: Vec<String> = self.base.iter().map(|s| s.to_string()).collect();
-        labels.extend(extra.map(str::to_string));
+        labels.extend(extra.iter().map(|s| s.to_string()));
         debug_assert_eq!(labels.len(), def.labels.keys().len(), "{name}");
         self.metrics.push(cri::Metric {
             name: name.into(),
@@ -316,6 +103,79 @@ impl Out<'_> {
         self.push("container_processes", None, c.processes);
         self.push("container_threads", None, c.tasks);
         self.push("container_threads_max", None, c.tasks_max);
+        self.push("container_memory_kernel_usage", None, c.kernel_bytes);
+        for (scope, faults) in [("container", c.pgfault), ("hierarchy", c.hierarchy_pgfault)] {
+            let Some((minor, major)) = faults else {
+                continue;
+            };
+            for (kind, v) in [("pgfault", minor), ("pgmajfault", major)] {
+                self.push_labelled("container_memory_failures_total", &[kind, scope], Some(v));
+            }
+        }
+        self.push("container_spec_cpu_period", None, c.cpu_period);
+        self.push("container_spec_cpu_quota", None, c.cpu_quota);
+        self.push("container_spec_cpu_shares", None, c.cpu_shares);
+        self.push(
+            "container_spec_memory_reservation_limit_bytes",
+            None,
+            c.memory_reservation_bytes,
+        );
+        self.push(
+            "container_spec_memory_swap_limit_bytes",
+            None,
+            c.memory_swap_limit_bytes,
+        );
+        for b in &c.blkio {
+            let (major, minor) = (b.major.to_string(), b.minor.to_string());
+            let dev = format!("{major}:{minor}");
+            for (op, v) in [("Read", b.read_bytes), ("Write", b.write_bytes)] {
+                self.push_labelled(
+                    "container_blkio_device_usage_total",
+                    &[&dev, &major, &minor, op],
+                    Some(v),
+                );
+            }
+            let d = Some(dev.as_str());
+            self.push("container_fs_reads_bytes_total", d, Some(b.read_bytes));
+            self.push("container_fs_reads_total", d, Some(b.reads));
+            self.push("container_fs_writes_bytes_total", d, Some(b.write_bytes));
+            self.push("container_fs_writes_total", d, Some(b.writes));
+        }
+        for h in &c.hugetlb {
+            let p = Some(h.pagesize.as_str());
+            self.push("container_hugetlb_usage_bytes", p, Some(h.usage_bytes));
+            self.push("container_hugetlb_max_usage_bytes", p, h.max_usage_bytes);
+        }
+        // PSI totals are µs; CRI values are integers: whole seconds.
+        let s = |us: u64| us / 1_000_000;
+        for (res, p) in [
+            ("cpu", c.psi.cpu),
+            ("memory", c.psi.memory),
+            ("io", c.psi.io),
+        ] {
+            let Some(p) = p else { continue };
+            let (waiting, stalled) = match res {
+                "cpu" => (
+                    "container_pressure_cpu_waiting_seconds_total",
+                    "container_pressure_cpu_stalled_seconds_total",
+                ),
+                "memory" => (
+                    "container_pressure_memory_waiting_seconds_total",
+                    "container_pressure_memory_stalled_seconds_total",
+                ),
+                _ => (
+                    "container_pressure_io_waiting_seconds_total",
+                    "container_pressure_io_stalled_seconds_total",
+                ),
+            };
+            self.push(waiting, None, Some(s(p.some_total_us)));
+            self.push(stalled, None, p.full_total_us.map(s));
+        }
+        if let Some(p) = c.procs {
+            self.push("container_file_descriptors", None, Some(p.file_descriptors));
+            self.push("container_sockets", None, Some(p.sockets));
+            self.push_labelled("container_ulimits_soft", &["max_open_files"], p.nofile_soft);
+        }
     }
 }
 
@@ -343,6 +203,20 @@ fn container(c: &ContainerUsage, timestamp: i64) -> cri::ContainerMetrics {
         Some(&device),
         c.writable.map(|m| m.inodes),
     );
+    // The filesystem the writable layer lives on.
+    if let Ok(fs) = nix::sys::statvfs::statvfs(&upper) {
+        let frsize = fs.fragment_size();
+        out.push(
+            "container_fs_limit_bytes",
+            Some(&device),
+            Some(fs.blocks().saturating_mul(frsize)),
+        );
+        out.push(
+            "container_fs_inodes_free",
+            Some(&device),
+            Some(fs.files_available()),
+        );
+    }
     cri::ContainerMetrics {
         container_id: r.id.clone(),
         metrics: out.metrics,
