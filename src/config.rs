@@ -136,6 +136,11 @@ pub struct Config {
     pub images: crate::image::StoreConfig,
     /// The streaming server (exec, port-forward URLs) the daemon runs.
     pub streaming: StreamingConfig,
+    /// Where containers' writable layers live, when not in their dir under `root` — e.g. a
+    /// filesystem of their own, apart from the images (KEP-4191's split image filesystem:
+    /// `ImageFsInfo` then reports it in `container_filesystems`). Pods with their own user
+    /// namespace keep theirs under `root` (the layer is idmapped with the rootfs).
+    pub container_storage_root: Option<PathBuf>,
 }
 
 mod secs {
@@ -209,6 +214,7 @@ impl Default for Config {
             registries: BTreeMap::new(),
             images: Default::default(),
             streaming: Default::default(),
+            container_storage_root: None,
         }
     }
 }

@@ -83,7 +83,12 @@ impl DaemonConfig {
 }
 
 /// Keys that are valid but absent from a rendered default (their default is unset).
-const OPTIONAL_KEYS: &[&str] = &["monitor_path", "pause_path", "metrics_address"];
+const OPTIONAL_KEYS: &[&str] = &[
+    "monitor_path",
+    "pause_path",
+    "metrics_address",
+    "container_storage_root",
+];
 
 /// Binds the metrics listener (before the daemon says it is ready, so a taken port fails the
 /// start with a clear error).

@@ -912,3 +912,57 @@ fn metrics_the_validation_suite_expects() {
     remove_pod(&rt, &mut c, &sb);
     env.assert_no_leaks();
 }
+
+/// `container_storage_root` on a filesystem of its own (KEP-4191's split image filesystem):
+/// writable layers live there, `ImageFsInfo` reports it in `container_filesystems` beside the
+/// image filesystem, and a removed container's layer goes with it.
+#[test]
+fn writable_layers_on_their_own_filesystem() {
+    let env = Env::new("v136-splitfs");
+    let store = env.base.join("cstore");
+    std::fs::create_dir_all(&store).unwrap();
+    sh(&format!(
+        "mount -t tmpfs -o size=64m none {}",
+        store.display()
+    ));
+    let mut cfg = env.cfg.clone();
+    cfg.container_storage_root = Some(store.clone());
+    let (d, rt, mut c) = daemon_with(&env, &cfg);
+    let p = pod("splitfs", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    let id = sleeper(&rt, &mut c, &sb, &p, "w");
+    exec(&rt, &mut c, &id, "echo hello > /written");
+    assert_eq!(
+        std::fs::read_to_string(store.join(&id).join("upper/written")).unwrap(),
+        "hello\n"
+    );
+    let info = rt.block_on(async {
+        let mut ic = sandboxd::api::v1::image_service_client::ImageServiceClient::new(
+            common::daemon::channel(&d.socket).await,
+        );
+        ic.image_fs_info(cri::ImageFsInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+    });
+    assert_eq!(info.image_filesystems.len(), 1);
+    let cfs = &info.container_filesystems;
+    assert_eq!(cfs.len(), 1, "{info:?}");
+    assert_eq!(
+        cfs[0].fs_id.as_ref().unwrap().mountpoint,
+        store.to_string_lossy()
+    );
+    assert_ne!(
+        info.image_filesystems[0].fs_id, cfs[0].fs_id,
+        "two filesystems"
+    );
+    remove_pod(&rt, &mut c, &sb);
+    assert!(
+        !store.join(&id).exists(),
+        "the writable layer went with the container"
+    );
+    drop(c);
+    drop(d);
+    sh(&format!("umount {}", store.display()));
+    env.assert_no_leaks();
+}

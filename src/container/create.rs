@@ -129,6 +129,12 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
             .userns
             .is_some()
             .then(|| rt.cfg.root.join(crate::userns::DIR).join(&id)),
+        storage_dir: rt
+            .cfg
+            .container_storage_root
+            .as_ref()
+            .filter(|_| sb.userns.is_none())
+            .map(|r| r.join(&id)),
     };
     let entry = {
         let mut reg = lock(&rt.registry);
@@ -223,6 +229,10 @@ fn build(
                 .map_err(|e| Error::step("mount idmapped rootfs", id, e))?
         }
         None => {
+            if let Some(d) = &rec.storage_dir {
+                crate::state::files::private_dir_all(d)
+                    .map_err(|e| Error::step("create the writable layer's dir", id, e))?;
+            }
             crate::mounts::mount_overlay(&lower, &rec.upper_dir(), &rec.work_dir(), &rec.rootfs())
                 .map_err(|e| Error::step("mount rootfs", id, e))?
         }

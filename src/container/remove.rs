@@ -144,6 +144,11 @@ pub(crate) fn teardown(rt: &Runtime, entry: &ContainerEntry) -> Result<()> {
             errors.push(Error::step("remove user-namespace mount dir", &rec.id, e));
         }
     }
+    if let Some(d) = &rec.storage_dir {
+        if let Err(e) = crate::state::remove_record_dir(d) {
+            errors.push(Error::step("remove writable layer", &rec.id, e));
+        }
+    }
     failpoint::hit("removectr:unmounted");
     for sock in [&rec.attach_socket, &rec.console_socket]
         .into_iter()

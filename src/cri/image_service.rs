@@ -102,22 +102,31 @@ impl ImageService for CriService {
         &self,
         _: Request<cri::ImageFsInfoRequest>,
     ) -> Result<Response<cri::ImageFsInfoResponse>, Status> {
-        let (usage, mountpoint) = self
+        let (usage, mountpoint, containers) = self
             .blocking("ImageFsInfo", "", |rt| {
-                Ok((rt.images().usage(), rt.images().dir.clone()))
+                Ok((
+                    rt.images().usage(),
+                    rt.images().dir.clone(),
+                    rt.container_filesystem(),
+                ))
             })
             .await?;
-        let fs = cri::FilesystemUsage {
-            timestamp: crate::state::now_nanos(),
+        let now = crate::state::now_nanos();
+        let fs = |mountpoint: &std::path::Path, (bytes, inodes): (u64, u64)| cri::FilesystemUsage {
+            timestamp: now,
             fs_id: Some(cri::FilesystemIdentifier {
                 mountpoint: mountpoint.to_string_lossy().into_owned(),
             }),
-            used_bytes: Some(cri::UInt64Value { value: usage.0 }),
-            inodes_used: Some(cri::UInt64Value { value: usage.1 }),
+            used_bytes: Some(cri::UInt64Value { value: bytes }),
+            inodes_used: Some(cri::UInt64Value { value: inodes }),
         };
         Ok(Response::new(cri::ImageFsInfoResponse {
-            image_filesystems: vec![fs],
-            container_filesystems: Vec::new(),
+            image_filesystems: vec![fs(&mountpoint, usage)],
+            // Writable layers on a filesystem of their own (KEP-4191's split image fs).
+            container_filesystems: containers
+                .map(|(path, bytes, inodes)| fs(&path, (bytes, inodes)))
+                .into_iter()
+                .collect(),
         }))
     }
 

@@ -112,6 +112,14 @@ impl FsUsageCache {
         }
     }
 
+    /// The sum of every container's last measurement: bytes and inodes.
+    pub(crate) fn total(&self) -> (u64, u64) {
+        crate::lock(&self.map)
+            .values()
+            .filter_map(|e| e.value.map(|(v, _)| v))
+            .fold((0, 0), |(b, i), v| (b + v.bytes, i + v.inodes))
+    }
+
     /// Forgets container `id` (removed).
     pub(crate) fn forget(&self, id: &str) {
         crate::lock(&self.map).remove(id);

@@ -329,6 +329,10 @@ pub struct ContainerRecord {
     /// root-only container dir) whose `rootfs` the runtime pivots into as that user.
     #[serde(default)]
     pub userns_dir: Option<PathBuf>,
+    /// The dir holding the writable layer (`upper`, `work`) when the config's
+    /// `container_storage_root` puts it apart from `dir`.
+    #[serde(default)]
+    pub storage_dir: Option<PathBuf>,
 }
 
 impl ContainerRecord {
@@ -350,9 +354,10 @@ impl ContainerRecord {
         self.overlay_dir().join("work")
     }
     fn overlay_dir(&self) -> PathBuf {
-        match &self.userns_dir {
-            Some(_) => self.dir.join("ovl"),
-            None => self.dir.clone(),
+        match (&self.userns_dir, &self.storage_dir) {
+            (Some(_), _) => self.dir.join("ovl"),
+            (None, Some(s)) => s.clone(),
+            (None, None) => self.dir.clone(),
         }
     }
     /// Where the record is persisted: `<dir>/state.json`.
