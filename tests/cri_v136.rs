@@ -966,3 +966,57 @@ fn writable_layers_on_their_own_filesystem() {
     sh(&format!("umount {}", store.display()));
     env.assert_no_leaks();
 }
+
+/// A pod with its own user namespace on the node's network (kubelet 1.36's
+/// `user_namespaces_host_network`): advertised, and it runs — its root is an unprivileged
+/// host uid, it is in the node's network namespace and its /sys is read-only.
+#[test]
+fn user_namespaces_with_host_network() {
+    let env = Env::new("v136-userns-hostnet");
+    let (_d, rt, mut c) = daemon(&env);
+    let st = rt
+        .block_on(c.status(cri::StatusRequest { verbose: false }))
+        .unwrap()
+        .into_inner();
+    assert!(
+        st.features
+            .as_ref()
+            .is_some_and(|f| f.user_namespaces_host_network),
+        "{:?}",
+        st.features
+    );
+    const HOST: u32 = 65536 * 215;
+    let map = serde_json::json!([{"host_id": HOST, "container_id": 0, "length": 65536}]);
+    let userns = serde_json::json!({"mode": "POD", "uids": map, "gids": map});
+    let ns = serde_json::json!({"network": "NODE", "userns_options": userns});
+    for infra in [false, true] {
+        let mut extra =
+            serde_json::json!({"linux": {"security_context": {"namespace_options": ns.clone()}}});
+        if infra {
+            // A shared PID namespace needs the infra process.
+            extra["linux"]["security_context"]["namespace_options"]["pid"] = "POD".into();
+        }
+        let p = pod(&format!("userns-hostnet-{infra}"), extra.clone());
+        let sb = run_pod(&rt, &mut c, &p);
+        let cfg = ctr("c", &["sleep", "1000"], extra);
+        let id = create(&rt, &mut c, &sb, &p, cfg).unwrap();
+        start(&rt, &mut c, &id);
+        let out = exec(
+            &rt,
+            &mut c,
+            &id,
+            "id -u; cat /proc/self/uid_map; readlink /proc/self/ns/net; touch /sys/x 2>&1",
+        );
+        assert!(out.starts_with("0\n"), "{out}");
+        assert!(out.contains(&HOST.to_string()), "{out}");
+        // The node's network namespace itself.
+        let node_net = sh("readlink /proc/self/ns/net");
+        assert!(out.contains(node_net.trim()), "{out} vs {node_net}");
+        assert!(
+            out.contains("Read-only") || out.contains("Permission denied"),
+            "{out}"
+        );
+        remove_pod(&rt, &mut c, &sb);
+    }
+    env.assert_no_leaks();
+}

@@ -233,9 +233,14 @@ fn user_namespaces_in_pods() {
             "hostroot",
             serde_json::json!({"userns_options": {"mode": "POD", "uids": host_root, "gids": host_root}}),
         ),
+        // The node's network is allowed (tests/cri_v136.rs); its IPC and PID are not.
         (
-            "hostnet",
-            serde_json::json!({"network": "NODE", "userns_options": userns}),
+            "hostipc",
+            serde_json::json!({"ipc": "NODE", "userns_options": userns}),
+        ),
+        (
+            "hostpid",
+            serde_json::json!({"pid": "NODE", "userns_options": userns}),
         ),
     ] {
         let bad = pod(

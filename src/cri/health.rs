@@ -64,6 +64,7 @@ pub fn status_to_cri(
             serde_json::to_string(&cfg).unwrap_or_default(),
         );
     }
+    let userns_host_network = handlers.iter().any(|h| h.user_namespaces);
     cri::StatusResponse {
         status: Some(cri::RuntimeStatus { conditions }),
         info,
@@ -79,9 +80,9 @@ pub fn status_to_cri(
             .collect(),
         features: Some(cri::RuntimeFeatures {
             supplemental_groups_policy: true,
-            // Pods in a user namespace share the node's network only where the daemon can
-            // make it work; it does not yet (RunPodSandbox refuses the combination).
-            user_namespaces_host_network: false,
+            // Wherever pods can have user namespaces, they can have them on the node's
+            // network too (tests/cri_v136.rs `user_namespaces_with_host_network`).
+            user_namespaces_host_network: userns_host_network,
             // noexec, nodev and nosuid on any volume, for every handler.
             mount_options: true,
         }),

@@ -90,9 +90,25 @@ pub(crate) type StdMount = (&'static str, &'static str, &'static str, Vec<&'stat
 /// /dev/mqueue, a sysfs of its own (read-only; runc mounts a fresh one in the host's network
 /// namespace too, so a host-network container never sees the host's /sys and its cgroup
 /// tree read-write) and /sys/fs/cgroup showing only the container's own cgroups, read-only;
-/// `writable` (privileged containers) makes the last two read-write.
-pub(crate) fn standard_mounts(writable: bool) -> Vec<StdMount> {
+/// `writable` (privileged containers) makes the last two read-write. `bind_sys` (a pod with
+/// its own user namespace on the node's network, which may not mount a sysfs for a network
+/// namespace it does not own) makes /sys a read-only recursive bind of the node's.
+pub(crate) fn standard_mounts(writable: bool, bind_sys: bool) -> Vec<StdMount> {
     let mode = if writable { "rw" } else { "ro" };
+    let sys = match bind_sys {
+        true => (
+            "/sys",
+            "bind",
+            "/sys",
+            vec!["rbind", "nosuid", "noexec", "nodev", "ro"],
+        ),
+        false => (
+            "/sys",
+            "sysfs",
+            "sysfs",
+            vec!["nosuid", "noexec", "nodev", mode],
+        ),
+    };
     vec![
         ("/proc", "proc", "proc", vec!["nosuid", "noexec", "nodev"]),
         (
@@ -122,12 +138,7 @@ pub(crate) fn standard_mounts(writable: bool) -> Vec<StdMount> {
             "mqueue",
             vec!["nosuid", "noexec", "nodev"],
         ),
-        (
-            "/sys",
-            "sysfs",
-            "sysfs",
-            vec!["nosuid", "noexec", "nodev", mode],
-        ),
+        sys,
         (
             "/sys/fs/cgroup",
             "cgroup",
@@ -196,7 +207,7 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
         namespaces.push(ns(LinuxNamespaceType::Uts, None));
     }
 
-    let mut mounts = standard_mounts(false)
+    let mut mounts = standard_mounts(false, s.userns.is_some() && s.netns.is_none())
         .into_iter()
         .map(|(dest, typ, src, opts)| mount(dest, typ, Path::new(src), &opts))
         .collect::<Result<Vec<_>, _>>()?;

@@ -508,9 +508,13 @@ fn validate_config(rt: &Runtime, c: &PodSandboxConfig) -> Result<Plan> {
     };
     if let Some(map) = &c.user_namespace {
         map.check("namespace_options.userns_options")?;
-        if c.host_network() || c.host_pid() || c.host_ipc() {
+        // The node's network is allowed (kubelet 1.36's user_namespaces_host_network): the
+        // pod's root owns nothing of it, and the container's /sys is the runtime's bind of the
+        // node's (read-only), as a sysfs cannot be mounted for a network namespace the user
+        // namespace does not own.
+        if c.host_pid() || c.host_ipc() {
             return Err(Error::InvalidArgument(
-                "namespace_options.userns_options: a pod with its own user namespace cannot share the node's network, PID or IPC namespace".into(),
+                "namespace_options.userns_options: a pod with its own user namespace cannot share the node's PID or IPC namespace".into(),
             ));
         }
         rt.user_namespaces(&handler_name)

@@ -219,10 +219,11 @@ pub fn build(i: &Inputs) -> Result<oci_spec::runtime::Spec> {
         "/".to_string()
     };
     let user_mount_at = |d: &str| c.mounts.iter().any(|m| m.container_path == d);
-    let mut mounts: Vec<Value> = crate::oci::spec::standard_mounts(s.privileged)
-        .into_iter()
-        .map(|(dest, typ, src, opts)| mnt(dest, typ, src, &opts))
-        .collect();
+    let mut mounts: Vec<Value> =
+        crate::oci::spec::standard_mounts(s.privileged, i.id_map.is_some() && i.host_network)
+            .into_iter()
+            .map(|(dest, typ, src, opts)| mnt(dest, typ, src, &opts))
+            .collect();
     let shm = i
         .shm
         .clone()
