@@ -1020,3 +1020,65 @@ fn user_namespaces_with_host_network() {
     }
     env.assert_no_leaks();
 }
+
+/// The wire stays what older clients speak: a client built from a pre-1.31 schema (here two
+/// messages written out by hand with the field numbers it knows) gets its fields from the
+/// 1.36 server and skips the ones it does not know, while a 1.36 client reads those too.
+#[test]
+fn old_and_new_clients_share_the_wire() {
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct OldStatusRequest {
+        #[prost(string, tag = "1")]
+        container_id: String,
+        #[prost(bool, tag = "2")]
+        verbose: bool,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct OldStatus {
+        #[prost(string, tag = "1")]
+        id: String,
+        #[prost(int32, tag = "3")]
+        state: i32,
+        #[prost(string, tag = "9")]
+        image_ref: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct OldStatusResponse {
+        #[prost(message, optional, tag = "1")]
+        status: Option<OldStatus>,
+    }
+    let env = Env::new("v136-wire");
+    let (d, rt, mut c) = daemon(&env);
+    let p = pod("wire", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    let mut cfg = ctr("w", &["sleep", "1000"], serde_json::json!({}));
+    cfg.stop_signal = cri::Signal::Sigusr1 as i32;
+    let id = create(&rt, &mut c, &sb, &p, cfg).unwrap();
+    start(&rt, &mut c, &id);
+    let old = rt.block_on(async {
+        let mut g = tonic::client::Grpc::new(common::daemon::channel(&d.socket).await);
+        g.ready().await.unwrap();
+        g.unary(
+            tonic::Request::new(OldStatusRequest {
+                container_id: id.clone(),
+                verbose: false,
+            }),
+            tonic::codegen::http::uri::PathAndQuery::from_static(
+                "/runtime.v1.RuntimeService/ContainerStatus",
+            ),
+            tonic_prost::ProstCodec::<OldStatusRequest, OldStatusResponse>::default(),
+        )
+        .await
+        .unwrap()
+        .into_inner()
+    });
+    let old = old.status.unwrap();
+    assert_eq!(old.id, id);
+    assert_eq!(old.state, cri::ContainerState::ContainerRunning as i32);
+    assert!(old.image_ref.contains("sha256:"), "{old:?}");
+    let new = status_of(&rt, &mut c, &id);
+    assert_eq!(new.stop_signal, cri::Signal::Sigusr1 as i32);
+    assert!(new.user.is_some());
+    remove_pod(&rt, &mut c, &sb);
+    env.assert_no_leaks();
+}
