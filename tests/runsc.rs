@@ -403,3 +403,38 @@ fn gvisor_streams_gateway_and_errors() {
     remove_pod(&rt, &mut c, &sb);
     env.assert_no_leaks();
 }
+
+/// An image volume in a gVisor pod: the gofer serves the read-only image mount the daemon made
+/// (detached from the node's namespace after create, like any staged mount).
+#[test]
+fn gvisor_image_volume() {
+    if let Some(why) = runsc_missing() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let env = Env::new("runsc-imgvol");
+    let (_d, rt, mut c) = daemon(&env);
+    let p = pod("gv-imgvol", serde_json::json!({}));
+    let sb = run_gvisor_pod(&rt, &mut c, &p);
+    let mut cfg = own_pid("v", &["sleep", "1000"]);
+    cfg.mounts = vec![cri::Mount {
+        container_path: "/img".into(),
+        image: Some(cri::ImageSpec {
+            image: IMAGE.into(),
+            ..Default::default()
+        }),
+        image_sub_path: "bin".into(),
+        readonly: true,
+        ..Default::default()
+    }];
+    let id = create(&rt, &mut c, &sb, &p, cfg).unwrap();
+    start(&rt, &mut c, &id);
+    let out = exec(&rt, &mut c, &id, "ls /img/busybox && touch /img/x 2>&1");
+    assert!(out.starts_with("/img/busybox\n"), "{out}");
+    assert!(out.contains("Read-only"), "{out}");
+    rt.block_on(c.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+        pod_sandbox_id: sb.clone(),
+    }))
+    .unwrap();
+    env.assert_no_leaks();
+}
