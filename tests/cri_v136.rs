@@ -1082,3 +1082,86 @@ fn old_and_new_clients_share_the_wire() {
     remove_pod(&rt, &mut c, &sb);
     env.assert_no_leaks();
 }
+
+/// An OCI artifact that is no runnable image (a model: plain files as layers, pulled from a
+/// registry) mounts as an image volume, each layer a file named by its title, as CRI-O 1.33
+/// does; as a container's own image it is refused.
+#[test]
+fn artifact_image_volumes() {
+    let env = Env::new("v136-artifact");
+    let reg = common::registry::Registry::start(&env.base.join("registry"), None);
+    let (weights, tokenizer) = (b"weights of a model".to_vec(), b"{\"vocab\": 3}".to_vec());
+    let config = b"{}".to_vec();
+    for blob in [&weights, &tokenizer, &config] {
+        reg.push_blob("models/tiny", None, blob);
+    }
+    let layer = |data: &[u8], title: &str| {
+        serde_json::json!({"mediaType": "application/octet-stream", "digest": busybox::sha(data),
+            "size": data.len(), "annotations": {"org.opencontainers.image.title": title}})
+    };
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "artifactType": "application/vnd.example.model.v1",
+        "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": busybox::sha(&config), "size": config.len()},
+        "layers": [layer(&weights, "model.bin"), layer(&tokenizer, "../../escape.json")],
+    }))
+    .unwrap();
+    reg.push_manifest(
+        "models/tiny",
+        "v1",
+        None,
+        &manifest,
+        "application/vnd.oci.image.manifest.v1+json",
+    );
+    let name = format!("{}/models/tiny:v1", reg.addr);
+    let (d, rt, mut c) = daemon(&env);
+    rt.block_on(async {
+        let mut ic = sandboxd::api::v1::image_service_client::ImageServiceClient::new(
+            common::daemon::channel(&d.socket).await,
+        );
+        ic.pull_image(cri::PullImageRequest {
+            image: Some(cri::ImageSpec {
+                image: name.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    });
+    let p = pod("artifact", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    let mut cfg = ctr("m", &["sleep", "1000"], serde_json::json!({}));
+    cfg.mounts = vec![cri::Mount {
+        container_path: "/model".into(),
+        image: Some(cri::ImageSpec {
+            image: name.clone(),
+            ..Default::default()
+        }),
+        readonly: true,
+        ..Default::default()
+    }];
+    let id = create(&rt, &mut c, &sb, &p, cfg).unwrap();
+    start(&rt, &mut c, &id);
+    assert_eq!(
+        exec(&rt, &mut c, &id, "cat /model/model.bin"),
+        "weights of a model"
+    );
+    // A title that is not one plain file name is replaced by the digest.
+    let ls = exec(&rt, &mut c, &id, "ls /model");
+    let hex = busybox::sha(&tokenizer)
+        .trim_start_matches("sha256:")
+        .to_string();
+    assert!(ls.contains(&hex) && !ls.contains("escape"), "{ls}");
+    let mut run_it = ctr("run", &["true"], serde_json::json!({}));
+    run_it.image = Some(cri::ImageSpec {
+        image: name.clone(),
+        ..Default::default()
+    });
+    let e = create(&rt, &mut c, &sb, &p, run_it).unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("artifact"), "{e:?}");
+    remove_pod(&rt, &mut c, &sb);
+    env.assert_no_leaks();
+}

@@ -36,6 +36,12 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
             kind: "image",
             id: config.image.clone(),
         })?;
+    if image.artifact {
+        return Err(Error::InvalidArgument(format!(
+            "image {:?} is an OCI artifact, not a runnable image (it can be mounted as an image volume)",
+            config.image
+        )));
+    }
     // Image volumes: pulled beforehand by kubelet, resolved now, kept while the container is.
     let mut layers = image.layers.clone();
     for m in &mut config.mounts {

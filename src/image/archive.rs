@@ -479,6 +479,7 @@ fn add_image(
         }
     }
     store.register(NewImage {
+        artifact: false,
         config_digest,
         parsed,
         size,

@@ -244,6 +244,32 @@ struct LayerDesc {
     size: u64,
     media_type: String,
     foreign: bool,
+    /// An OCI artifact's layer: kept as one file of this name, not unpacked.
+    file: Option<String>,
+}
+
+/// The config media types of runnable images; a manifest with any other (or with an
+/// `artifactType`) is an OCI artifact.
+const IMAGE_CONFIGS: &[&str] = &[
+    "application/vnd.oci.image.config.v1+json",
+    "application/vnd.docker.container.image.v1+json",
+];
+
+/// The file name an artifact's layer is kept under: its `org.opencontainers.image.title` if
+/// that is one plain path component, else its digest's hex.
+fn artifact_file_name(layer: &Value, digest: &str) -> String {
+    let title = layer["annotations"]["org.opencontainers.image.title"]
+        .as_str()
+        .unwrap_or("");
+    let plain = !title.is_empty()
+        && title.len() <= 255
+        && title != "."
+        && title != ".."
+        && !title.contains(['/', '\0']);
+    match plain {
+        true => title.to_string(),
+        false => digest.trim_start_matches("sha256:").to_string(),
+    }
 }
 
 /// The manifest for this platform: resolves an index to its linux/<arch> entry.
@@ -304,6 +330,9 @@ async fn pull_from(
         .ok_or_else(|| RegistryError::Invalid("the manifest names no config".into()))?
         .to_string();
     super::store::digest_hex(&config_digest)?;
+    let config_type = manifest["config"]["mediaType"].as_str().unwrap_or("");
+    let artifact = manifest["artifactType"].is_string()
+        || (!config_type.is_empty() && !IMAGE_CONFIGS.contains(&config_type));
     let mut layers = Vec::new();
     for l in manifest["layers"].as_array().cloned().unwrap_or_default() {
         let digest = l["digest"].as_str().unwrap_or("").to_string();
@@ -314,6 +343,7 @@ async fn pull_from(
                 .as_u64()
                 .ok_or_else(|| RegistryError::Invalid(format!("layer {digest} has no size")))?,
             foreign: media_type.contains("foreign") || media_type.contains("nondistributable"),
+            file: artifact.then(|| artifact_file_name(&l, &digest)),
             digest,
             media_type,
         });
@@ -321,7 +351,14 @@ async fn pull_from(
     let config_bytes = reg
         .blob_bytes(&config_digest, MAX_DOCUMENT as usize)
         .await?;
-    let parsed = parse_config(&config_bytes)?;
+    // An artifact's config says nothing we run; its layers are named by their digests.
+    let parsed = match artifact {
+        true => super::store::ParsedConfig {
+            diff_ids: layers.iter().map(|l| l.digest.clone()).collect(),
+            exec: Default::default(),
+        },
+        false => parse_config(&config_bytes)?,
+    };
     if parsed.diff_ids.len() != layers.len() {
         return Err(PullError::Local(Error::InvalidArgument(format!(
             "image: config lists {} layers, the manifest {}",
@@ -409,6 +446,7 @@ async fn pull_from(
         blobs,
         tag: Some(&r.full()),
         manifest_digest: Some(&repo_digest),
+        artifact,
     })?;
     drop(pins);
     Ok((rec, downloaded))
@@ -473,13 +511,17 @@ async fn fetch_layer(
     let unpacker = {
         let store = store.clone();
         let diff_id = diff_id.to_string();
+        let file = l.file.clone();
         tokio::task::spawn_blocking(move || {
             let reader = ChannelReader {
                 rx,
                 cur: Bytes::new(),
                 done: false,
             };
-            store.unpack_layer(&diff_id, Box::new(reader))
+            match &file {
+                Some(name) => store.put_file_layer(&diff_id, name, Box::new(reader)),
+                None => store.unpack_layer(&diff_id, Box::new(reader)),
+            }
         })
     };
     // With blobs kept, the compressed bytes are written on the way (renamed into the store

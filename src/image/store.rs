@@ -57,6 +57,10 @@ pub struct ImageRecord {
     /// Digests of the blobs this image holds in the store (its config, its manifest, its
     /// compressed layers when those are kept).
     pub blobs: Vec<String>,
+    /// An OCI artifact, not a runnable image: each layer is one file (named by its
+    /// `org.opencontainers.image.title`), kept as it came. Mountable as an image volume only.
+    #[serde(default)]
+    pub artifact: bool,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -226,6 +230,7 @@ pub(crate) struct NewImage<'a> {
     pub blobs: Vec<String>,
     pub tag: Option<&'a str>,
     pub manifest_digest: Option<&'a str>,
+    pub artifact: bool,
 }
 
 impl ImageStore {
@@ -366,6 +371,48 @@ impl ImageStore {
                 Ok(()) => Ok(applied),
                 // Someone else committed the same (verified) layer first: theirs is as good.
                 Err(_) if dest.is_dir() => Ok(applied),
+                Err(e) => Err(herr(HostError::io("rename", &dest, e))),
+            }
+        })();
+        if tmp.exists() {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        result
+    }
+
+    /// Stores an artifact's layer (`raw`, verified against `digest` by the caller as it
+    /// streams) as a dir holding the one file `name`, at most the per-layer byte limit.
+    pub fn put_file_layer(
+        &self,
+        digest: &str,
+        name: &str,
+        raw: Box<dyn Read + '_>,
+    ) -> Result<unpack::Applied> {
+        let dest = self.layer_dir(digest)?;
+        let tmp = self.temp_dir("layer")?;
+        let result = (|| {
+            let path = tmp.join(name);
+            let mut f = crate::state::files::create_file(&path, 0o644).map_err(herr)?;
+            let max = self.cfg.max_layer_bytes;
+            let n = std::io::copy(&mut raw.take(max.saturating_add(1)), &mut f)
+                .map_err(|e| herr(HostError::io("write", &path, e)))?;
+            if n > max {
+                return Err(bad(&format!(
+                    "artifact layer {digest} is over the {max}-byte layer limit"
+                )));
+            }
+            f.sync_all()
+                .map_err(|e| herr(HostError::io("sync", &path, e)))?;
+            // Readable by the containers that mount it (the layer dir is 0700 like all ours).
+            std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .map_err(|e| herr(HostError::io("chmod", &tmp, e)))?;
+            match std::fs::rename(&tmp, &dest) {
+                Ok(()) => Ok(unpack::Applied {
+                    entries: 1,
+                    bytes: n,
+                    ..Default::default()
+                }),
+                Err(_) if dest.is_dir() => Ok(unpack::Applied::default()),
                 Err(e) => Err(herr(HostError::io("rename", &dest, e))),
             }
         })();
@@ -539,6 +586,7 @@ impl ImageStore {
             rec.size = n.size;
             rec.layers = n.parsed.diff_ids.clone();
             rec.config = n.parsed.exec.clone();
+            rec.artifact = n.artifact;
             for b in &n.blobs {
                 if !rec.blobs.contains(b) {
                     rec.blobs.push(b.clone());
