@@ -409,54 +409,15 @@ impl Runtime {
         container::update::reopen_log(self, id)
     }
 
-    /// The filesystem of containers' writable layers when it is not the images' (the config's
-    /// `container_storage_root` on a filesystem of its own): its path and the layers' use
-    /// (bytes, inodes) as last measured. `None` when images and layers share a filesystem.
-    pub fn container_filesystem(&self) -> Option<(std::path::PathBuf, u64, u64)> {
-        use std::os::unix::fs::MetadataExt;
-        let root = self.cfg.container_storage_root.as_ref()?;
-        let dev = |p: &std::path::Path| std::fs::metadata(p).ok().map(|m| m.dev());
-        let split = dev(root).is_some_and(|d| Some(d) != dev(&self.images.dir));
-        split.then(|| {
-            let (bytes, inodes) = self.fs_usage.total();
-            (root.clone(), bytes, inodes)
-        })
-    }
-
     /// UpdatePodSandboxResources (in-place pod resize): the pod's new resources and overhead,
-    /// recorded (persisted, shown in the verbose status). Where kubelet gave the pod's cgroup
-    /// it sizes it itself before it calls this (containerd and CRI-O only record them too); a
-    /// pod cgroup made by the daemon is resized here, and a memory limit below what the pod
-    /// uses now is refused (`FailedPrecondition`) rather than left to the OOM killer.
+    /// recorded; a pod cgroup the daemon made is resized (see `sandbox::update`).
     pub fn update_pod_sandbox_resources(
         &self,
         id: &str,
         overhead: Option<container::Resources>,
         resources: Option<container::Resources>,
     ) -> Result<()> {
-        let entry = self.lookup(id)?.ok_or_else(|| Error::NotFound {
-            kind: "sandbox",
-            id: id.to_string(),
-        })?;
-        let _op = lock(&entry.op);
-        let rec = lock(&entry.record).clone();
-        if rec.own_pod_cgroup && rec.state == sandbox::SandboxState::Ready {
-            let limits = cgroups::PodLimits::of(resources.as_ref(), overhead.as_ref());
-            let used = cgroups::usage(&rec.pod_cgroup).memory_bytes;
-            if let Some(used) = used.filter(|u| limits.memory > 0 && *u as i64 > limits.memory) {
-                return Err(Error::FailedPrecondition(format!(
-                    "pod {id} uses {used} bytes of memory now, more than the requested limit of {} (resources plus overhead)",
-                    limits.memory
-                )));
-            }
-            self.host
-                .set_cgroup_limits(&rec.pod_cgroup, &limits)
-                .map_err(|e| Error::step("resize the pod's cgroup", id, e))?;
-        }
-        entry.update(|r| {
-            r.config.overhead = overhead;
-            r.config.resources = resources;
-        })
+        sandbox::update::update_resources(self, id, overhead, resources)
     }
 
     /// UpdateContainerResources: new CPU and memory limits for a created or running container.

@@ -44,21 +44,7 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
     }
     // Image volumes: pulled beforehand by kubelet, resolved now, kept while the container is.
     let mut layers = image.layers.clone();
-    for m in &mut config.mounts {
-        let Some(v) = &mut m.image else { continue };
-        image_volume::check_sub_path(&m.container_path, &v.sub_path)?;
-        let img = rt.images.get(&v.image).ok_or_else(|| Error::NotFound {
-            kind: "image (of an image volume)",
-            id: v.image.clone(),
-        })?;
-        v.image_ref = img
-            .repo_digests
-            .first()
-            .cloned()
-            .unwrap_or_else(|| img.id.clone());
-        v.layers = img.layers.clone();
-        layers.extend(img.layers);
-    }
+    layers.extend(image_volume::resolve(&rt.images, &mut config.mounts)?);
     layers.sort_unstable();
     layers.dedup();
     let config = &*config;
@@ -260,30 +246,10 @@ fn build(
     let mut config = rec.config.clone();
     let mut staged = Vec::new();
     for (i, m) in config.mounts.iter_mut().enumerate() {
-        if let Some(v) = &m.image {
-            let lower = v
-                .layers
-                .iter()
-                .rev()
-                .map(|l| rt.images.layer_dir(l))
-                .collect::<Result<Vec<_>>>()?;
+        if m.image.is_some() {
             let at = rec.dir.join("mounts").join(i.to_string());
-            image_volume::mount(
-                id,
-                &lower,
-                &rec.dir.join("mounts").join(format!("{i}.image")),
-                &at,
-                &v.sub_path,
-                userns.as_ref().map(|(ns, _)| std::os::fd::AsFd::as_fd(ns)),
-            )?;
-            // The runtime's bind remount sets the flags it is given: the ones made here too.
-            m.readonly = true;
-            for o in ["nosuid", "nodev", "noexec"] {
-                if !m.mount_options.iter().any(|x| x == o) {
-                    m.mount_options.push(o.into());
-                }
-            }
-            m.host_path = at.to_string_lossy().into_owned();
+            let idmap = userns.as_ref().map(|(ns, _)| std::os::fd::AsFd::as_fd(ns));
+            image_volume::stage(&rt.images, id, m, &at, idmap)?;
             staged.push(at);
             continue;
         }

@@ -8,10 +8,63 @@ use std::os::fd::AsFd;
 use std::path::{Component, Path, PathBuf};
 
 use crate::error::{Error, HostError, Result};
+use crate::image::ImageStore;
+use crate::model::container::BindMount;
 use crate::mounts;
 
+/// Resolves each image volume of `mounts` against the store (absent: NotFound), recording its
+/// digest reference and layers in it; returns every layer they use.
+pub(crate) fn resolve(images: &ImageStore, mounts: &mut [BindMount]) -> Result<Vec<String>> {
+    let mut layers = Vec::new();
+    for m in mounts {
+        let Some(v) = &mut m.image else { continue };
+        check_sub_path(&m.container_path, &v.sub_path)?;
+        let img = images.get(&v.image).ok_or_else(|| Error::NotFound {
+            kind: "image (of an image volume)",
+            id: v.image.clone(),
+        })?;
+        v.image_ref = img
+            .repo_digests
+            .first()
+            .cloned()
+            .unwrap_or_else(|| img.id.clone());
+        v.layers = img.layers.clone();
+        layers.extend(img.layers);
+    }
+    Ok(layers)
+}
+
+/// Mounts image volume `m` (resolved) at `at` and turns `m` into the bind the runtime makes of
+/// it: read-only, with the flags the mount has (the runtime's bind remount sets exactly the
+/// flags it is given).
+pub(crate) fn stage(
+    images: &ImageStore,
+    id: &str,
+    m: &mut BindMount,
+    at: &Path,
+    idmap: Option<std::os::fd::BorrowedFd<'_>>,
+) -> Result<()> {
+    let Some(v) = &m.image else { return Ok(()) };
+    let lower = v
+        .layers
+        .iter()
+        .rev()
+        .map(|l| images.layer_dir(l))
+        .collect::<Result<Vec<_>>>()?;
+    let scratch = at.with_extension("image");
+    mount(id, &lower, &scratch, at, &v.sub_path, idmap)?;
+    m.readonly = true;
+    for o in ["nosuid", "nodev", "noexec"] {
+        if !m.mount_options.iter().any(|x| x == o) {
+            m.mount_options.push(o.into());
+        }
+    }
+    m.host_path = at.to_string_lossy().into_owned();
+    Ok(())
+}
+
 /// Checks `image_sub_path` before anything is mounted: relative, no `..`.
-pub(crate) fn check_sub_path(container_path: &str, sub: &str) -> Result<()> {
+fn check_sub_path(container_path: &str, sub: &str) -> Result<()> {
     let p = Path::new(sub);
     if sub.contains('\0')
         || p.is_absolute()

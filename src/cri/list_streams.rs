@@ -6,7 +6,11 @@
 use std::pin::Pin;
 
 use tokio_stream::Stream;
-use tonic::Status;
+use tonic::{Request, Response, Status};
+
+use super::CriService;
+use crate::api::v1 as cri;
+use crate::api::v1::runtime_service_server::RuntimeService;
 
 /// Objects in one streamed message, at most.
 pub const CHUNK_ITEMS: usize = 512;
@@ -36,10 +40,72 @@ where
     Box::pin(tokio_stream::iter(chunks))
 }
 
+/// The List calls' answers, streamed: each RPC asks its List call with the same filter.
+impl CriService {
+    pub(super) async fn stream_pods(
+        &self,
+        filter: Option<cri::PodSandboxFilter>,
+    ) -> Result<Response<Chunks<cri::StreamPodSandboxesResponse>>, Status> {
+        let req = Request::new(cri::ListPodSandboxRequest { filter });
+        let items = self.list_pod_sandbox(req).await?.into_inner().items;
+        Ok(Response::new(chunked(items, |pod_sandboxes| {
+            cri::StreamPodSandboxesResponse { pod_sandboxes }
+        })))
+    }
+
+    pub(super) async fn stream_containers_of(
+        &self,
+        filter: Option<cri::ContainerFilter>,
+    ) -> Result<Response<Chunks<cri::StreamContainersResponse>>, Status> {
+        let req = Request::new(cri::ListContainersRequest { filter });
+        let items = self.list_containers(req).await?.into_inner().containers;
+        Ok(Response::new(chunked(items, |containers| {
+            cri::StreamContainersResponse { containers }
+        })))
+    }
+
+    pub(super) async fn stream_container_stats_of(
+        &self,
+        filter: Option<cri::ContainerStatsFilter>,
+    ) -> Result<Response<Chunks<cri::StreamContainerStatsResponse>>, Status> {
+        let req = Request::new(cri::ListContainerStatsRequest { filter });
+        let items = self.list_container_stats(req).await?.into_inner().stats;
+        Ok(Response::new(chunked(items, |container_stats| {
+            cri::StreamContainerStatsResponse { container_stats }
+        })))
+    }
+
+    pub(super) async fn stream_pod_stats_of(
+        &self,
+        filter: Option<cri::PodSandboxStatsFilter>,
+    ) -> Result<Response<Chunks<cri::StreamPodSandboxStatsResponse>>, Status> {
+        let req = Request::new(cri::ListPodSandboxStatsRequest { filter });
+        let items = self.list_pod_sandbox_stats(req).await?.into_inner().stats;
+        Ok(Response::new(chunked(items, |pod_sandbox_stats| {
+            cri::StreamPodSandboxStatsResponse { pod_sandbox_stats }
+        })))
+    }
+
+    pub(super) async fn stream_pod_metrics(
+        &self,
+    ) -> Result<Response<Chunks<cri::StreamPodSandboxMetricsResponse>>, Status> {
+        let req = Request::new(cri::ListPodSandboxMetricsRequest {});
+        let items = self
+            .list_pod_sandbox_metrics(req)
+            .await?
+            .into_inner()
+            .pod_metrics;
+        Ok(Response::new(chunked(items, |pod_sandbox_metrics| {
+            cri::StreamPodSandboxMetricsResponse {
+                pod_sandbox_metrics,
+            }
+        })))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::v1 as cri;
     use tokio_stream::StreamExt;
 
     #[test]

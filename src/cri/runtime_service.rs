@@ -539,16 +539,7 @@ impl RuntimeService for CriService {
         &self,
         req: Request<cri::StreamPodSandboxesRequest>,
     ) -> Result<Response<Self::StreamPodSandboxesStream>, Status> {
-        let filter = req.into_inner().filter;
-        let items = self
-            .list_pod_sandbox(Request::new(cri::ListPodSandboxRequest { filter }))
-            .await?
-            .into_inner()
-            .items;
-        Ok(Response::new(list_streams::chunked(
-            items,
-            |pod_sandboxes| cri::StreamPodSandboxesResponse { pod_sandboxes },
-        )))
+        self.stream_pods(req.into_inner().filter).await
     }
 
     type StreamContainersStream = list_streams::Chunks<cri::StreamContainersResponse>;
@@ -557,15 +548,7 @@ impl RuntimeService for CriService {
         &self,
         req: Request<cri::StreamContainersRequest>,
     ) -> Result<Response<Self::StreamContainersStream>, Status> {
-        let filter = req.into_inner().filter;
-        let items = self
-            .list_containers(Request::new(cri::ListContainersRequest { filter }))
-            .await?
-            .into_inner()
-            .containers;
-        Ok(Response::new(list_streams::chunked(items, |containers| {
-            cri::StreamContainersResponse { containers }
-        })))
+        self.stream_containers_of(req.into_inner().filter).await
     }
 
     type StreamContainerStatsStream = list_streams::Chunks<cri::StreamContainerStatsResponse>;
@@ -574,16 +557,8 @@ impl RuntimeService for CriService {
         &self,
         req: Request<cri::StreamContainerStatsRequest>,
     ) -> Result<Response<Self::StreamContainerStatsStream>, Status> {
-        let filter = req.into_inner().filter;
-        let items = self
-            .list_container_stats(Request::new(cri::ListContainerStatsRequest { filter }))
-            .await?
-            .into_inner()
-            .stats;
-        Ok(Response::new(list_streams::chunked(
-            items,
-            |container_stats| cri::StreamContainerStatsResponse { container_stats },
-        )))
+        self.stream_container_stats_of(req.into_inner().filter)
+            .await
     }
 
     type StreamPodSandboxStatsStream = list_streams::Chunks<cri::StreamPodSandboxStatsResponse>;
@@ -592,16 +567,7 @@ impl RuntimeService for CriService {
         &self,
         req: Request<cri::StreamPodSandboxStatsRequest>,
     ) -> Result<Response<Self::StreamPodSandboxStatsStream>, Status> {
-        let filter = req.into_inner().filter;
-        let items = self
-            .list_pod_sandbox_stats(Request::new(cri::ListPodSandboxStatsRequest { filter }))
-            .await?
-            .into_inner()
-            .stats;
-        Ok(Response::new(list_streams::chunked(
-            items,
-            |pod_sandbox_stats| cri::StreamPodSandboxStatsResponse { pod_sandbox_stats },
-        )))
+        self.stream_pod_stats_of(req.into_inner().filter).await
     }
 
     type StreamPodSandboxMetricsStream = list_streams::Chunks<cri::StreamPodSandboxMetricsResponse>;
@@ -610,17 +576,7 @@ impl RuntimeService for CriService {
         &self,
         _: Request<cri::StreamPodSandboxMetricsRequest>,
     ) -> Result<Response<Self::StreamPodSandboxMetricsStream>, Status> {
-        let items = self
-            .list_pod_sandbox_metrics(Request::new(cri::ListPodSandboxMetricsRequest {}))
-            .await?
-            .into_inner()
-            .pod_metrics;
-        Ok(Response::new(list_streams::chunked(
-            items,
-            |pod_sandbox_metrics| cri::StreamPodSandboxMetricsResponse {
-                pod_sandbox_metrics,
-            },
-        )))
+        self.stream_pod_metrics().await
     }
 
     async fn update_pod_sandbox_resources(

@@ -1,9 +1,11 @@
 //! Images: references (`reference.rs`), the content store (`store.rs`), layer unpacking
 //! (`unpack.rs`), imports from archives and layouts (`archive.rs`), and pulls (`pull.rs`)
-//! through a bounded registry client (`registry.rs`), with their progress (`progress.rs`).
+//! through a bounded registry client (`registry.rs`), with their progress (`progress.rs`);
+//! OCI artifacts that are no runnable image (`artifact.rs`).
 
 #[doc(hidden)]
 pub mod archive;
+mod artifact;
 #[doc(hidden)]
 pub mod progress;
 #[doc(hidden)]

@@ -248,30 +248,6 @@ struct LayerDesc {
     file: Option<String>,
 }
 
-/// The config media types of runnable images; a manifest with any other (or with an
-/// `artifactType`) is an OCI artifact.
-const IMAGE_CONFIGS: &[&str] = &[
-    "application/vnd.oci.image.config.v1+json",
-    "application/vnd.docker.container.image.v1+json",
-];
-
-/// The file name an artifact's layer is kept under: its `org.opencontainers.image.title` if
-/// that is one plain path component, else its digest's hex.
-fn artifact_file_name(layer: &Value, digest: &str) -> String {
-    let title = layer["annotations"]["org.opencontainers.image.title"]
-        .as_str()
-        .unwrap_or("");
-    let plain = !title.is_empty()
-        && title.len() <= 255
-        && title != "."
-        && title != ".."
-        && !title.contains(['/', '\0']);
-    match plain {
-        true => title.to_string(),
-        false => digest.trim_start_matches("sha256:").to_string(),
-    }
-}
-
 /// The manifest for this platform: resolves an index to its linux/<arch> entry.
 async fn resolve(
     reg: &Registry,
@@ -332,7 +308,7 @@ async fn pull_from(
     super::store::digest_hex(&config_digest)?;
     let config_type = manifest["config"]["mediaType"].as_str().unwrap_or("");
     let artifact = manifest["artifactType"].is_string()
-        || (!config_type.is_empty() && !IMAGE_CONFIGS.contains(&config_type));
+        || (!config_type.is_empty() && !super::artifact::IMAGE_CONFIGS.contains(&config_type));
     let mut layers = Vec::new();
     for l in manifest["layers"].as_array().cloned().unwrap_or_default() {
         let digest = l["digest"].as_str().unwrap_or("").to_string();
@@ -343,7 +319,7 @@ async fn pull_from(
                 .as_u64()
                 .ok_or_else(|| RegistryError::Invalid(format!("layer {digest} has no size")))?,
             foreign: media_type.contains("foreign") || media_type.contains("nondistributable"),
-            file: artifact.then(|| artifact_file_name(&l, &digest)),
+            file: artifact.then(|| super::artifact::file_name(&l, &digest)),
             digest,
             media_type,
         });

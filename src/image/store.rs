@@ -380,48 +380,6 @@ impl ImageStore {
         result
     }
 
-    /// Stores an artifact's layer (`raw`, verified against `digest` by the caller as it
-    /// streams) as a dir holding the one file `name`, at most the per-layer byte limit.
-    pub fn put_file_layer(
-        &self,
-        digest: &str,
-        name: &str,
-        raw: Box<dyn Read + '_>,
-    ) -> Result<unpack::Applied> {
-        let dest = self.layer_dir(digest)?;
-        let tmp = self.temp_dir("layer")?;
-        let result = (|| {
-            let path = tmp.join(name);
-            let mut f = crate::state::files::create_file(&path, 0o644).map_err(herr)?;
-            let max = self.cfg.max_layer_bytes;
-            let n = std::io::copy(&mut raw.take(max.saturating_add(1)), &mut f)
-                .map_err(|e| herr(HostError::io("write", &path, e)))?;
-            if n > max {
-                return Err(bad(&format!(
-                    "artifact layer {digest} is over the {max}-byte layer limit"
-                )));
-            }
-            f.sync_all()
-                .map_err(|e| herr(HostError::io("sync", &path, e)))?;
-            // Readable by the containers that mount it (the layer dir is 0700 like all ours).
-            std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-                .map_err(|e| herr(HostError::io("chmod", &tmp, e)))?;
-            match std::fs::rename(&tmp, &dest) {
-                Ok(()) => Ok(unpack::Applied {
-                    entries: 1,
-                    bytes: n,
-                    ..Default::default()
-                }),
-                Err(_) if dest.is_dir() => Ok(unpack::Applied::default()),
-                Err(e) => Err(herr(HostError::io("rename", &dest, e))),
-            }
-        })();
-        if tmp.exists() {
-            let _ = std::fs::remove_dir_all(&tmp);
-        }
-        result
-    }
-
     /// Runs `f` on the index under an exclusive lock and saves it.
     fn with_index<T>(&self, f: impl FnOnce(&mut Index) -> Result<T>) -> Result<T> {
         let _lock = self.lock_index()?;

@@ -88,6 +88,20 @@ pub enum Depth {
 }
 
 impl Runtime {
+    /// The filesystem of containers' writable layers when it is not the images' (the config's
+    /// `container_storage_root` on a filesystem of its own): its path and the layers' use
+    /// (bytes, inodes) as last measured. `None` when images and layers share a filesystem.
+    pub fn container_filesystem(&self) -> Option<(std::path::PathBuf, u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let root = self.config().container_storage_root.as_ref()?;
+        let dev = |p: &std::path::Path| std::fs::metadata(p).ok().map(|m| m.dev());
+        let split = dev(root).is_some_and(|d| Some(d) != dev(&self.images.dir));
+        split.then(|| {
+            let (bytes, inodes) = self.fs_usage.total();
+            (root.clone(), bytes, inodes)
+        })
+    }
+
     /// The daemon's operation metrics (RPC latencies and errors, pulls).
     pub fn daemon_metrics(&self) -> std::sync::Arc<prom::DaemonMetrics> {
         self.metrics.clone()

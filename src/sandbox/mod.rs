@@ -1,5 +1,6 @@
 //! Pod sandbox lifecycle: RunPodSandbox (`run.rs`), StopPodSandbox (`stop.rs`),
-//! RemovePodSandbox (`remove.rs`), restore after a restart (`restore.rs`). The record is
+//! RemovePodSandbox (`remove.rs`), UpdatePodSandboxResources (`update.rs`), restore after a
+//! restart (`restore.rs`). The record is
 //! written before each resource is acquired and after each step, so a crash at any point
 //! leaves enough on disk to finish or roll back.
 
@@ -7,6 +8,7 @@ pub(crate) mod remove;
 pub(crate) mod restore;
 pub(crate) mod run;
 pub(crate) mod stop;
+pub(crate) mod update;
 
 pub use crate::model::sandbox::*;
 

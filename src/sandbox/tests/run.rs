@@ -106,6 +106,24 @@ fn rollback_when_shm_mount_fails() {
     );
 }
 
+/// A pod with pod-level resources and no cgroup_parent: its own cgroup is sized after the
+/// shm mount; a failure there rolls everything back.
+#[test]
+fn rollback_when_the_pod_cgroup_cannot_be_sized() {
+    let mut p = pod("limits");
+    p.resources = Some(crate::model::container::Resources {
+        memory_limit_in_bytes: 64 << 20,
+        ..Default::default()
+    });
+    rolls_back(
+        p,
+        SetCgroupLimits,
+        "size the pod's cgroup",
+        &[Pin, CniAdd, CniSaveCache, MountShm, SetCgroupLimits],
+        TEARDOWN,
+    );
+}
+
 #[test]
 fn rollback_when_infra_create_fails() {
     rolls_back(

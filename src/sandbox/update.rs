@@ -1,0 +1,41 @@
+//! UpdatePodSandboxResources (in-place pod resize, CRI 1.33): the pod's new resources and
+//! overhead are recorded (persisted, shown in the verbose status). Where kubelet gave the pod's
+//! cgroup it sizes it itself before it calls this (containerd and CRI-O only record them too);
+//! a pod cgroup made by the daemon is resized here, and a memory limit below what the pod uses
+//! now is refused (`FailedPrecondition`) rather than left to the OOM killer.
+
+use super::SandboxState;
+use crate::error::{Error, Result};
+use crate::model::container::Resources;
+use crate::{lock, Runtime};
+
+pub(crate) fn update_resources(
+    rt: &Runtime,
+    id: &str,
+    overhead: Option<Resources>,
+    resources: Option<Resources>,
+) -> Result<()> {
+    let entry = rt.lookup(id)?.ok_or_else(|| Error::NotFound {
+        kind: "sandbox",
+        id: id.to_string(),
+    })?;
+    let _op = lock(&entry.op);
+    let rec = lock(&entry.record).clone();
+    if rec.own_pod_cgroup && rec.state == SandboxState::Ready {
+        let limits = crate::cgroups::PodLimits::of(resources.as_ref(), overhead.as_ref());
+        let used = crate::cgroups::usage(&rec.pod_cgroup).memory_bytes;
+        if let Some(used) = used.filter(|u| limits.memory > 0 && *u as i64 > limits.memory) {
+            return Err(Error::FailedPrecondition(format!(
+                "pod {id} uses {used} bytes of memory now, more than the requested limit of {} (resources plus overhead)",
+                limits.memory
+            )));
+        }
+        rt.host
+            .set_cgroup_limits(&rec.pod_cgroup, &limits)
+            .map_err(|e| Error::step("resize the pod's cgroup", id, e))?;
+    }
+    entry.update(|r| {
+        r.config.overhead = overhead;
+        r.config.resources = resources;
+    })
+}
