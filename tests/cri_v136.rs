@@ -1165,3 +1165,83 @@ fn artifact_image_volumes() {
     remove_pod(&rt, &mut c, &sb);
     env.assert_no_leaks();
 }
+
+/// StreamImages of 10,000 images to a reader that takes 20 ms per message: the daemon sends
+/// them in bounded messages and its memory stays bounded (sampled while the stream is read,
+/// beside ListImages of the same 10,000 in one message).
+#[test]
+fn streaming_10000_images_to_a_slow_reader() {
+    let env = Env::new("v136-stream10k");
+    let images = sandboxd::image::ImageStore::new(env.cfg.root.join("images")).unwrap();
+    images
+        .import(&busybox::oci_layout(&env.base, IMAGE), None)
+        .unwrap();
+    // 10,000 records over the one imported image's layer, written into the store's index as
+    // pulls would have left them.
+    let index_path = env.cfg.root.join("images/images.json");
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&index_path).unwrap()).unwrap();
+    let one = index["images"]
+        .as_object()
+        .unwrap()
+        .values()
+        .next()
+        .unwrap()
+        .clone();
+    let map = index["images"].as_object_mut().unwrap();
+    for i in 0..10_000u32 {
+        let id = format!("sha256:{:064x}", i + 1);
+        let mut r = one.clone();
+        r["id"] = id.clone().into();
+        r["repo_tags"] = serde_json::json!([format!("sandboxd.test/many-{i}:latest")]);
+        r["repo_digests"] = serde_json::json!([]);
+        map.insert(id, r);
+    }
+    std::fs::write(&index_path, serde_json::to_vec(&index).unwrap()).unwrap();
+    let d = common::daemon::Daemon::start_with(&env, &env.cfg);
+    let rt = common::daemon::rt();
+    let mut ic = rt.block_on(async {
+        sandboxd::api::v1::image_service_client::ImageServiceClient::new(
+            common::daemon::channel(&d.socket).await,
+        )
+    });
+    let rss = || d.status_kib("VmRSS");
+    let before = rss();
+    let (messages, total, peak) = rt.block_on(async {
+        let mut s = ic
+            .stream_images(cri::StreamImagesRequest { filter: None })
+            .await
+            .unwrap()
+            .into_inner();
+        let (mut messages, mut total, mut peak) = (0, 0, 0);
+        while let Some(m) = s.next().await {
+            let m = m.unwrap();
+            assert!(m.images.len() <= 512, "{}", m.images.len());
+            messages += 1;
+            total += m.images.len();
+            peak = peak.max(rss());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        (messages, total, peak)
+    });
+    assert_eq!(total, 10_001);
+    assert!(messages >= 20, "{messages} messages");
+    let listed = rt
+        .block_on(ic.list_images(cri::ListImagesRequest { filter: None }))
+        .unwrap()
+        .into_inner()
+        .images
+        .len();
+    assert_eq!(listed, 10_001);
+    let after_list = rss();
+    eprintln!(
+        "daemon RSS: {before} KiB before, {peak} KiB peak while streaming 10,001 images in {messages} messages, {after_list} KiB after ListImages"
+    );
+    assert!(
+        peak.saturating_sub(before) < 64 * 1024,
+        "streaming grew the daemon by {} KiB",
+        peak.saturating_sub(before)
+    );
+    drop(d);
+    env.assert_no_leaks();
+}
