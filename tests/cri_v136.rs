@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::time::Duration;
 
 use common::cri::*;
@@ -343,18 +344,18 @@ fn pod_level_resources() {
     };
     // The pod's cgroup (made by the daemon: no cgroup_parent given) is sized with both.
     let cg = format!("{}/pod-{sb}", env.cfg.cgroup_parent);
+    // cgroup v1 (this host) or v2 (the VM lane).
     let limits = || {
-        let read = |ctl: &str, f: &str| -> i64 {
+        let read = |ctl: &str, v1: &str, v2: &str| -> i64 {
             let d = sandboxd::cgroups::controller_dir(ctl, &cg).expect(ctl);
-            std::fs::read_to_string(d.join(f))
-                .unwrap()
-                .trim()
-                .parse()
-                .unwrap()
+            let text = std::fs::read_to_string(d.join(v1))
+                .or_else(|_| std::fs::read_to_string(d.join(v2)))
+                .unwrap();
+            text.split_whitespace().next().unwrap().parse().unwrap()
         };
         (
-            read("memory", "memory.limit_in_bytes"),
-            read("cpu", "cpu.cfs_quota_us"),
+            read("memory", "memory.limit_in_bytes", "memory.max"),
+            read("cpu", "cpu.cfs_quota_us", "cpu.max"),
         )
     };
     assert_eq!(limits(), (268435456 + 16777216, 50000));
@@ -866,7 +867,14 @@ fn metrics_the_validation_suite_expects() {
     };
     assert_eq!(spec("container_spec_cpu_quota"), Some(20000));
     assert_eq!(spec("container_spec_cpu_period"), Some(100000));
-    assert_eq!(spec("container_spec_cpu_shares"), Some(1024));
+    // On cgroup v2 the shares went through cpu.weight (39) and back, as cAdvisor converts it.
+    let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let shares = if v2 {
+        2 + ((39 - 1) * 262_142) / 9999
+    } else {
+        1024
+    };
+    assert_eq!(spec("container_spec_cpu_shares"), Some(shares));
     assert_eq!(spec("container_spec_memory_limit_bytes"), Some(64 << 20));
     assert!(spec("container_file_descriptors").is_some_and(|n| n >= 3));
 

@@ -332,7 +332,10 @@ pub fn detail(cgroup: &str) -> Detail {
             d.memory_reservation_bytes = limit("memory.low");
             d.memory_swap_limit_bytes = limit("memory.swap.max");
             d.max_usage_bytes = num(dir.join("memory.peak"));
-            d.oom_kills = read(dir.join("memory.events")).and_then(|t| key_value(&t, "oom_kill"));
+            let events = read(dir.join("memory.events")).unwrap_or_default();
+            d.oom_kills = key_value(&events, "oom_kill");
+            // Times the usage hit memory.max (what runc and cAdvisor report as failcnt).
+            d.failcnt = key_value(&events, "max");
             d.memory_limit_bytes = num(dir.join("memory.max"));
         }
     }
