@@ -147,10 +147,7 @@ fn stop_signals() {
 fn mount_options() {
     let env = Env::new("v136-mntopt");
     let (_d, rt, mut c) = daemon(&env);
-    let st = rt
-        .block_on(c.status(cri::StatusRequest { verbose: false }))
-        .unwrap()
-        .into_inner();
+    let st = runtime_status(&rt, &mut c);
     assert!(st.features.is_some_and(|f| f.mount_options));
     let src = env.base.join("mntopt");
     std::fs::create_dir_all(&src).unwrap();
@@ -288,10 +285,8 @@ fn streaming_lists() {
         n
     });
     assert_eq!(pod_stats, 3);
+    let mut ic = image_client(&rt, &d);
     let images: Vec<String> = rt.block_on(async {
-        let mut ic = sandboxd::api::v1::image_service_client::ImageServiceClient::new(
-            common::daemon::channel(&d.socket).await,
-        );
         let mut s = ic
             .stream_images(cri::StreamImagesRequest { filter: None })
             .await
@@ -499,10 +494,7 @@ fn user_namespaces_not_advertised_where_the_root_is_unreachable() {
     let d = common::daemon::Daemon::start_with(&env, &cfg);
     let rt = common::daemon::rt();
     let mut c = rt.block_on(common::daemon::client(&d.socket));
-    let st = rt
-        .block_on(c.status(cri::StatusRequest { verbose: false }))
-        .unwrap()
-        .into_inner();
+    let st = runtime_status(&rt, &mut c);
     assert!(!st.runtime_handlers.is_empty());
     for h in &st.runtime_handlers {
         assert!(
@@ -563,16 +555,7 @@ fn image_volumes() {
         let mut cfg = ctr(name, &["sleep", "1000"], serde_json::json!({}));
         cfg.mounts = mounts
             .into_iter()
-            .map(|(path, sub)| cri::Mount {
-                container_path: path.into(),
-                image: Some(cri::ImageSpec {
-                    image: data.into(),
-                    ..Default::default()
-                }),
-                image_sub_path: sub.into(),
-                readonly: true,
-                ..Default::default()
-            })
+            .map(|(path, sub)| image_mount(path, data, sub))
             .collect();
         cfg
     };
@@ -639,10 +622,8 @@ fn image_volumes() {
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
 
     // RemoveImage while mounted: the image goes, its layers stay for the container.
+    let mut ic = image_client(&rt, &d);
     rt.block_on(async {
-        let mut ic = sandboxd::api::v1::image_service_client::ImageServiceClient::new(
-            common::daemon::channel(&d.socket).await,
-        );
         ic.remove_image(cri::RemoveImageRequest {
             image: Some(cri::ImageSpec {
                 image: data.into(),
@@ -682,16 +663,7 @@ fn image_volumes_in_user_namespace_pods() {
         &["sleep", "1000"],
         serde_json::json!({"linux": {"security_context": {"namespace_options": {"userns_options": userns}}}}),
     );
-    cfg.mounts = vec![cri::Mount {
-        container_path: "/img".into(),
-        image: Some(cri::ImageSpec {
-            image: IMAGE.into(),
-            ..Default::default()
-        }),
-        image_sub_path: "bin".into(),
-        readonly: true,
-        ..Default::default()
-    }];
+    cfg.mounts = vec![image_mount("/img", IMAGE, "bin")];
     let id = create(&rt, &mut c, &sb, &p, cfg).unwrap();
     start(&rt, &mut c, &id);
     let out = exec(
@@ -944,10 +916,8 @@ fn writable_layers_on_their_own_filesystem() {
         std::fs::read_to_string(store.join(&id).join("upper/written")).unwrap(),
         "hello\n"
     );
+    let mut ic = image_client(&rt, &d);
     let info = rt.block_on(async {
-        let mut ic = sandboxd::api::v1::image_service_client::ImageServiceClient::new(
-            common::daemon::channel(&d.socket).await,
-        );
         ic.image_fs_info(cri::ImageFsInfoRequest {})
             .await
             .unwrap()
@@ -982,10 +952,7 @@ fn writable_layers_on_their_own_filesystem() {
 fn user_namespaces_with_host_network() {
     let env = Env::new("v136-userns-hostnet");
     let (_d, rt, mut c) = daemon(&env);
-    let st = rt
-        .block_on(c.status(cri::StatusRequest { verbose: false }))
-        .unwrap()
-        .into_inner();
+    let st = runtime_status(&rt, &mut c);
     assert!(
         st.features
             .as_ref()
@@ -1124,10 +1091,8 @@ fn artifact_image_volumes() {
     );
     let name = format!("{}/models/tiny:v1", reg.addr);
     let (d, rt, mut c) = daemon(&env);
+    let mut ic = image_client(&rt, &d);
     rt.block_on(async {
-        let mut ic = sandboxd::api::v1::image_service_client::ImageServiceClient::new(
-            common::daemon::channel(&d.socket).await,
-        );
         ic.pull_image(cri::PullImageRequest {
             image: Some(cri::ImageSpec {
                 image: name.clone(),

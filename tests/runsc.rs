@@ -417,16 +417,7 @@ fn gvisor_image_volume() {
     let p = pod("gv-imgvol", serde_json::json!({}));
     let sb = run_gvisor_pod(&rt, &mut c, &p);
     let mut cfg = own_pid("v", &["sleep", "1000"]);
-    cfg.mounts = vec![cri::Mount {
-        container_path: "/img".into(),
-        image: Some(cri::ImageSpec {
-            image: IMAGE.into(),
-            ..Default::default()
-        }),
-        image_sub_path: "bin".into(),
-        readonly: true,
-        ..Default::default()
-    }];
+    cfg.mounts = vec![image_mount("/img", IMAGE, "bin")];
     let id = create(&rt, &mut c, &sb, &p, cfg).unwrap();
     start(&rt, &mut c, &id);
     let out = exec(&rt, &mut c, &id, "ls /img/busybox && touch /img/x 2>&1");

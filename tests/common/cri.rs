@@ -127,3 +127,36 @@ pub fn remove_pod(rt: &tokio::runtime::Runtime, c: &mut Client, sb: &str) {
     }))
     .unwrap();
 }
+
+/// `Status` (not verbose).
+pub fn runtime_status(rt: &tokio::runtime::Runtime, c: &mut Client) -> cri::StatusResponse {
+    rt.block_on(c.status(cri::StatusRequest { verbose: false }))
+        .unwrap()
+        .into_inner()
+}
+
+/// An `ImageService` client on the daemon's socket.
+pub fn image_client(
+    rt: &tokio::runtime::Runtime,
+    d: &Daemon,
+) -> sandboxd::api::v1::image_service_client::ImageServiceClient<Channel> {
+    rt.block_on(async {
+        sandboxd::api::v1::image_service_client::ImageServiceClient::new(
+            super::daemon::channel(&d.socket).await,
+        )
+    })
+}
+
+/// An image volume: `image` (or its `sub` path) at `path`.
+pub fn image_mount(path: &str, image: &str, sub: &str) -> cri::Mount {
+    cri::Mount {
+        container_path: path.into(),
+        image: Some(cri::ImageSpec {
+            image: image.into(),
+            ..Default::default()
+        }),
+        image_sub_path: sub.into(),
+        readonly: true,
+        ..Default::default()
+    }
+}
