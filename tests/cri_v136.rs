@@ -14,15 +14,13 @@ use sandboxd::api::v1 as cri;
 use tokio_stream::StreamExt;
 use tonic::Code;
 
-fn status_of(rt: &tokio::runtime::Runtime, c: &mut Client, id: &str) -> cri::ContainerStatus {
-    rt.block_on(c.container_status(cri::ContainerStatusRequest {
-        container_id: id.into(),
-        verbose: false,
-    }))
-    .unwrap()
-    .into_inner()
-    .status
-    .unwrap()
+/// Every item of a streamed list, in order.
+async fn drain<M, T>(mut s: tonic::Streaming<M>, items: impl Fn(M) -> Vec<T>) -> Vec<T> {
+    let mut out = Vec::new();
+    while let Some(m) = s.next().await {
+        out.extend(items(m.unwrap()));
+    }
+    out
 }
 
 fn stop(rt: &tokio::runtime::Runtime, c: &mut Client, id: &str, timeout: i64) {
@@ -92,7 +90,7 @@ fn stop_signals() {
     for (name, image, asked, effective, code) in cases {
         let id = create(&rt, &mut c, &sb, &p, trapper(name, image, asked)).unwrap();
         assert_eq!(
-            status_of(&rt, &mut c, &id).stop_signal,
+            container_status(&rt, &mut c, &id).stop_signal,
             effective as i32,
             "{name}"
         );
@@ -106,7 +104,7 @@ fn stop_signals() {
         let blocked = exec(&rt, &mut c, &id, "grep SigBlk /proc/$(cat /tmp/pid)/status");
         assert!(blocked.contains("0000000000000000"), "{name}: {blocked}");
         stop(&rt, &mut c, &id, 20);
-        let st = status_of(&rt, &mut c, &id);
+        let st = container_status(&rt, &mut c, &id);
         assert_eq!(st.exit_code, code, "{name}: {st:?}");
         assert_eq!(st.stop_signal, effective as i32, "{name}");
     }
@@ -130,7 +128,7 @@ fn stop_signals() {
     )
     .unwrap();
     assert_eq!(
-        status_of(&rt, &mut c, &id).stop_signal,
+        container_status(&rt, &mut c, &id).stop_signal,
         cri::Signal::Sigusr1 as i32
     );
     let mut odd = ctr("odd", &["true"], serde_json::json!({}));
@@ -166,7 +164,7 @@ fn mount_options() {
     cfg.mounts[0].mount_options = vec!["noexec".into(), "nodev".into(), "nosuid".into()];
     let id = create(&rt, &mut c, &sb, &p, cfg).unwrap();
     start(&rt, &mut c, &id);
-    let st = status_of(&rt, &mut c, &id);
+    let st = container_status(&rt, &mut c, &id);
     let reported = st
         .mounts
         .iter()
@@ -224,80 +222,65 @@ fn streaming_lists() {
             .into_iter()
             .map(|p| p.id)
             .collect();
-        let mut got: Vec<String> = rt.block_on(async {
-            let mut s = c
-                .stream_pod_sandboxes(cri::StreamPodSandboxesRequest { filter })
-                .await
-                .unwrap()
-                .into_inner();
-            let mut ids = Vec::new();
-            while let Some(m) = s.next().await {
-                ids.extend(m.unwrap().pod_sandboxes.into_iter().map(|p| p.id));
-            }
-            ids
-        });
+        let mut got: Vec<String> = rt
+            .block_on(async {
+                let s = c.stream_pod_sandboxes(cri::StreamPodSandboxesRequest { filter });
+                drain(s.await.unwrap().into_inner(), |m| m.pod_sandboxes).await
+            })
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
         want.sort();
         got.sort();
         assert_eq!(got, want);
     }
     let (sb1, c1) = &pods[1];
-    let got: Vec<String> = rt.block_on(async {
-        let mut s = c
-            .stream_containers(cri::StreamContainersRequest {
-                filter: Some(cri::ContainerFilter {
-                    pod_sandbox_id: sb1.clone(),
-                    ..Default::default()
-                }),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let mut ids = Vec::new();
-        while let Some(m) = s.next().await {
-            ids.extend(m.unwrap().containers.into_iter().map(|c| c.id));
-        }
-        ids
+    let filter = Some(cri::ContainerFilter {
+        pod_sandbox_id: sb1.clone(),
+        ..Default::default()
     });
+    let got: Vec<String> = rt
+        .block_on(async {
+            let s = c.stream_containers(cri::StreamContainersRequest { filter });
+            drain(s.await.unwrap().into_inner(), |m| m.containers).await
+        })
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
     assert_eq!(&got, std::slice::from_ref(c1));
     let stats: usize = rt.block_on(async {
-        let mut s = c
-            .stream_container_stats(cri::StreamContainerStatsRequest { filter: None })
-            .await
-            .unwrap()
-            .into_inner();
-        let mut n = 0;
-        while let Some(m) = s.next().await {
-            n += m.unwrap().container_stats.len();
-        }
-        n
+        drain(
+            c.stream_container_stats(cri::StreamContainerStatsRequest { filter: None })
+                .await
+                .unwrap()
+                .into_inner(),
+            |m| m.container_stats,
+        )
+        .await
+        .len()
     });
     assert_eq!(stats, 3);
     let pod_stats: usize = rt.block_on(async {
-        let mut s = c
-            .stream_pod_sandbox_stats(cri::StreamPodSandboxStatsRequest { filter: None })
-            .await
-            .unwrap()
-            .into_inner();
-        let mut n = 0;
-        while let Some(m) = s.next().await {
-            n += m.unwrap().pod_sandbox_stats.len();
-        }
-        n
+        drain(
+            c.stream_pod_sandbox_stats(cri::StreamPodSandboxStatsRequest { filter: None })
+                .await
+                .unwrap()
+                .into_inner(),
+            |m| m.pod_sandbox_stats,
+        )
+        .await
+        .len()
     });
     assert_eq!(pod_stats, 3);
     let mut ic = image_client(&rt, &d);
-    let images: Vec<String> = rt.block_on(async {
-        let mut s = ic
-            .stream_images(cri::StreamImagesRequest { filter: None })
-            .await
-            .unwrap()
-            .into_inner();
-        let mut tags = Vec::new();
-        while let Some(m) = s.next().await {
-            tags.extend(m.unwrap().images.into_iter().flat_map(|i| i.repo_tags));
-        }
-        tags
-    });
+    let images: Vec<String> = rt
+        .block_on(async {
+            let s = ic.stream_images(cri::StreamImagesRequest { filter: None });
+            drain(s.await.unwrap().into_inner(), |m| m.images).await
+        })
+        .into_iter()
+        .flat_map(|i| i.repo_tags)
+        .collect();
     assert_eq!(images, [IMAGE]);
     for (sb, _) in &pods {
         remove_pod(&rt, &mut c, sb);
@@ -579,7 +562,7 @@ fn image_volumes() {
     for o in ["ro,", "nosuid", "nodev", "noexec"] {
         assert!(opts.contains(o), "{o}: {opts}");
     }
-    let st = status_of(&rt, &mut c, &id);
+    let st = container_status(&rt, &mut c, &id);
     let m = st
         .mounts
         .iter()
@@ -1051,7 +1034,7 @@ fn old_and_new_clients_share_the_wire() {
     assert_eq!(old.id, id);
     assert_eq!(old.state, cri::ContainerState::ContainerRunning as i32);
     assert!(old.image_ref.contains("sha256:"), "{old:?}");
-    let new = status_of(&rt, &mut c, &id);
+    let new = container_status(&rt, &mut c, &id);
     assert_eq!(new.stop_signal, cri::Signal::Sigusr1 as i32);
     assert!(new.user.is_some());
     remove_pod(&rt, &mut c, &sb);

@@ -46,17 +46,6 @@ fn own_pid(name: &str, cmd: &[&str]) -> cri::ContainerConfig {
     )
 }
 
-fn status(rt: &tokio::runtime::Runtime, c: &mut Client, id: &str) -> cri::ContainerStatus {
-    rt.block_on(c.container_status(cri::ContainerStatusRequest {
-        container_id: id.into(),
-        verbose: false,
-    }))
-    .unwrap()
-    .into_inner()
-    .status
-    .unwrap()
-}
-
 #[test]
 fn gvisor_pod_end_to_end() {
     if let Some(why) = runsc_missing() {
@@ -175,11 +164,12 @@ fn gvisor_pod_end_to_end() {
     .unwrap();
     start(&rt, &mut c, &quick);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while status(&rt, &mut c, &quick).state != cri::ContainerState::ContainerExited as i32 {
+    while container_status(&rt, &mut c, &quick).state != cri::ContainerState::ContainerExited as i32
+    {
         assert!(Instant::now() < deadline, "the exit was never recorded");
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(status(&rt, &mut c, &quick).exit_code, 3);
+    assert_eq!(container_status(&rt, &mut c, &quick).exit_code, 3);
 
     // Stop one container: the others keep running.
     rt.block_on(c.stop_container(cri::StopContainerRequest {
@@ -188,11 +178,11 @@ fn gvisor_pod_end_to_end() {
     }))
     .unwrap();
     assert_eq!(
-        status(&rt, &mut c, &srv).state,
+        container_status(&rt, &mut c, &srv).state,
         cri::ContainerState::ContainerExited as i32
     );
     assert_eq!(
-        status(&rt, &mut c, &cli).state,
+        container_status(&rt, &mut c, &cli).state,
         cri::ContainerState::ContainerRunning as i32
     );
 
@@ -201,7 +191,7 @@ fn gvisor_pod_end_to_end() {
     let d2 = Daemon::start(&env);
     let mut c = rt.block_on(client(&d2.socket));
     assert_eq!(
-        status(&rt, &mut c, &cli).state,
+        container_status(&rt, &mut c, &cli).state,
         cri::ContainerState::ContainerRunning as i32
     );
     assert!(exec(&rt, &mut c, &cli, "echo still").contains("still"));

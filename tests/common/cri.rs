@@ -160,3 +160,19 @@ pub fn image_mount(path: &str, image: &str, sub: &str) -> cri::Mount {
         ..Default::default()
     }
 }
+
+/// `ContainerStatus` (not verbose).
+pub fn container_status(
+    rt: &tokio::runtime::Runtime,
+    c: &mut Client,
+    id: &str,
+) -> cri::ContainerStatus {
+    rt.block_on(c.container_status(cri::ContainerStatusRequest {
+        container_id: id.into(),
+        verbose: false,
+    }))
+    .unwrap()
+    .into_inner()
+    .status
+    .unwrap()
+}
