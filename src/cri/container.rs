@@ -7,7 +7,7 @@ use super::pod::{sorted, unsorted};
 use crate::cgroups::Usage;
 use crate::container::{
     BindMount, ContainerConfig, ContainerFilter, ContainerMetadata, ContainerRecord,
-    ContainerState, Device, Propagation, Resources, Seccomp, SecurityContext,
+    ContainerState, Device, Propagation, Seccomp, SecurityContext,
 };
 use crate::error::Error;
 use crate::lsm::AppArmor;
@@ -162,7 +162,7 @@ pub fn container_config(c: &cri::ContainerConfig) -> Result<ContainerConfig, Err
         stdin: c.stdin,
         stdin_once: c.stdin_once,
         tty: c.tty,
-        resources: resources(&r),
+        resources: super::resources(&r),
         stop_signal: stop_signal(c.stop_signal)?,
         security: SecurityContext {
             privileged: s.privileged,
@@ -440,19 +440,6 @@ fn writable_layer(r: &ContainerRecord, m: crate::metrics::Measured) -> cri::File
         }),
         used_bytes: Some(cri::UInt64Value { value: m.bytes }),
         inodes_used: Some(cri::UInt64Value { value: m.inodes }),
-    }
-}
-
-/// `LinuxContainerResources` → core resources.
-pub fn resources(r: &cri::LinuxContainerResources) -> Resources {
-    Resources {
-        cpu_period: r.cpu_period,
-        cpu_quota: r.cpu_quota,
-        cpu_shares: r.cpu_shares,
-        memory_limit_in_bytes: r.memory_limit_in_bytes,
-        oom_score_adj: r.oom_score_adj,
-        cpuset_cpus: r.cpuset_cpus.clone(),
-        cpuset_mems: r.cpuset_mems.clone(),
     }
 }
 

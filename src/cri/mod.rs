@@ -152,3 +152,19 @@ impl CriService {
         })
     }
 }
+
+/// The resources a cgroup applies, from the CRI's (a container's, or a pod's own and its
+/// overhead).
+pub fn resources(
+    r: &crate::api::v1::LinuxContainerResources,
+) -> crate::model::resources::Resources {
+    crate::model::resources::Resources {
+        cpu_period: r.cpu_period,
+        cpu_quota: r.cpu_quota,
+        cpu_shares: r.cpu_shares,
+        memory_limit_in_bytes: r.memory_limit_in_bytes,
+        oom_score_adj: r.oom_score_adj,
+        cpuset_cpus: r.cpuset_cpus.clone(),
+        cpuset_mems: r.cpuset_mems.clone(),
+    }
+}

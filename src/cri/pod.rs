@@ -139,12 +139,12 @@ pub fn pod_config(req: &cri::RunPodSandboxRequest) -> Result<PodSandboxConfig, E
             .linux
             .as_ref()
             .and_then(|l| l.resources.as_ref())
-            .map(super::container::resources),
+            .map(super::resources),
         overhead: c
             .linux
             .as_ref()
             .and_then(|l| l.overhead.as_ref())
-            .map(super::container::resources),
+            .map(super::resources),
     })
 }
 

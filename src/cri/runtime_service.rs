@@ -339,7 +339,7 @@ impl RuntimeService for CriService {
         req: Request<cri::UpdateContainerResourcesRequest>,
     ) -> Result<Response<cri::UpdateContainerResourcesResponse>, Status> {
         let req = req.into_inner();
-        let res = container::resources(&req.linux.unwrap_or_default());
+        let res = super::resources(&req.linux.unwrap_or_default());
         let i = req.container_id.clone();
         self.blocking("UpdateContainerResources", &req.container_id, move |rt| {
             rt.update_container_resources(&i, &res)
@@ -584,8 +584,8 @@ impl RuntimeService for CriService {
         req: Request<cri::UpdatePodSandboxResourcesRequest>,
     ) -> Result<Response<cri::UpdatePodSandboxResourcesResponse>, Status> {
         let req = req.into_inner();
-        let overhead = req.overhead.as_ref().map(container::resources);
-        let resources = req.resources.as_ref().map(container::resources);
+        let overhead = req.overhead.as_ref().map(super::resources);
+        let resources = req.resources.as_ref().map(super::resources);
         let id = req.pod_sandbox_id;
         let i = id.clone();
         self.call("UpdatePodSandboxResources", &id, move |rt| {

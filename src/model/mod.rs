@@ -3,4 +3,5 @@
 //! host access here.
 
 pub mod container;
+pub mod resources;
 pub mod sandbox;

@@ -174,9 +174,9 @@ pub struct PodSandboxConfig {
     pub user_namespace: Option<IdMap>,
     /// Pod-level resources (CRI `LinuxPodSandboxConfig.resources`, KEP-2837), as sent at
     /// RunPodSandbox and changed by UpdatePodSandboxResources (in-place pod resize).
-    pub resources: Option<crate::model::container::Resources>,
+    pub resources: Option<super::resources::Resources>,
     /// The pod's overhead (RuntimeClass `overhead`), as sent with the resources.
-    pub overhead: Option<crate::model::container::Resources>,
+    pub overhead: Option<super::resources::Resources>,
 }
 
 impl PodSandboxConfig {
