@@ -86,3 +86,35 @@ fn corrupt_blob_is_rejected() {
     );
     assert!(store.list().is_empty());
 }
+
+/// A pull or import killed mid-way leaves its partial layer in the store's `tmp/`: the next
+/// start removes it at once (its writing process is gone), and keeps what a live process is
+/// still writing there.
+#[test]
+fn start_up_collects_what_killed_pulls_left() {
+    use std::os::unix::fs::DirBuilderExt;
+    let env = Env::new("img-tmp");
+    let tmp = env.cfg.root.join("images/tmp");
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let gone_pid = child.id();
+    child.wait().unwrap();
+    let gone = tmp.join(format!("layer-{gone_pid}-0123456789abcdef"));
+    let live = tmp.join(format!("layer-{}-fedcba9876543210", std::process::id()));
+    for d in [gone.join("usr/lib"), live.clone()] {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&d)
+            .unwrap();
+    }
+    std::fs::write(gone.join("usr/lib/partial.so"), vec![7u8; 1 << 20]).unwrap();
+    let rt = env.runtime();
+    assert!(
+        !gone.exists(),
+        "the killed pull's partial layer is still there"
+    );
+    assert!(live.exists(), "a live writer's work was removed");
+    std::fs::remove_dir_all(&live).unwrap();
+    drop(rt);
+    env.assert_no_leaks();
+}

@@ -503,10 +503,7 @@ async fn fetch_layer(
     // With blobs kept, the compressed bytes are written on the way (renamed into the store
     // only once verified).
     let blob_tmp = if store.cfg.keep_layer_blobs {
-        let p = store
-            .dir
-            .join("tmp")
-            .join(format!("blob-{}", &crate::validate::new_id()[..16]));
+        let p = store.temp_path("blob");
         Some((
             crate::state::files::create_file(&p, crate::state::files::FILE_MODE)
                 .map_err(|e| PullError::Local(Error::Host(e)))?,

@@ -290,12 +290,19 @@ impl ImageStore {
 
     /// A fresh private dir under `tmp/` (`what-<random>`).
     pub fn temp_dir(&self, what: &str) -> Result<PathBuf> {
-        let tmp = self
-            .dir
-            .join("tmp")
-            .join(format!("{what}-{}", &crate::validate::new_id()[..16]));
+        let tmp = self.temp_path(what);
         crate::state::files::private_dir(&tmp).map_err(herr)?;
         Ok(tmp)
+    }
+
+    /// A new path in the store's `tmp/`: `<what>-<our pid>-<random>`, so that a sweep can
+    /// tell work in flight (its process lives) from what a killed one left.
+    pub(crate) fn temp_path(&self, what: &str) -> PathBuf {
+        self.dir.join("tmp").join(format!(
+            "{what}-{}-{}",
+            std::process::id(),
+            &crate::validate::new_id()[..16]
+        ))
     }
 
     /// Stores a blob read from `r` (at most `max` bytes), verifying it against `digest`;
@@ -305,10 +312,7 @@ impl ImageStore {
         if let Ok(m) = std::fs::metadata(&dest) {
             return Ok(m.len());
         }
-        let tmp = self
-            .dir
-            .join("tmp")
-            .join(format!("blob-{}", &crate::validate::new_id()[..16]));
+        let tmp = self.temp_path("blob");
         let result = (|| {
             let mut f = crate::state::files::create_file(&tmp, crate::state::files::FILE_MODE)
                 .map_err(herr)?;
@@ -502,15 +506,27 @@ impl ImageStore {
         Ok((layers, blobs))
     }
 
-    /// Removes what interrupted pulls and imports left in `tmp/` (older than `age`).
+    /// Removes what interrupted pulls and imports left in `tmp/`: entries whose writing process
+    /// is gone, and unnamed ones older than `age`.
     pub fn clean_tmp(&self, age: std::time::Duration) {
         let tmp = self.dir.join("tmp");
         for name in crate::state::list_dir(&tmp) {
             let p = tmp.join(&name);
+            // `<what>-<pid>-<random>`: its writer is gone when that process is (a pull or an
+            // import killed mid-way); names without a pid, from before, go by age.
+            let writer_gone = name
+                .rsplit('-')
+                .nth(1)
+                .and_then(|pid| pid.parse::<i32>().ok())
+                .filter(|pid| *pid > 0)
+                .map(|pid| {
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+                        == Err(nix::errno::Errno::ESRCH)
+                });
             let old = std::fs::symlink_metadata(&p)
                 .and_then(|m| m.modified())
                 .is_ok_and(|t| t.elapsed().unwrap_or_default() >= age);
-            if old {
+            if writer_gone.unwrap_or(old) {
                 let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
             }
         }
