@@ -45,17 +45,15 @@ const RTMAX: i32 = 64;
 
 /// The canonical name (no `SIG`, upper case: `TERM`, `RTMIN+3`, `RTMAX-1`) of a signal given
 /// as a name (`SIGTERM`, `term`, `SIGRTMIN+3`) or a number (`15`), or `None` if it is none.
+/// An alias keeps its own name (`SIGCLD` is `CLD`).
 pub fn canonical(given: &str) -> Option<String> {
-    let g = given.trim();
-    if let Ok(n) = g.parse::<i32>() {
-        return name_of(n);
-    }
-    let upper = g.to_ascii_uppercase();
+    let n = number(given)?;
+    let upper = given.trim().to_ascii_uppercase();
     let bare = upper.strip_prefix("SIG").unwrap_or(&upper);
-    if let Some((n, _)) = NAMES.iter().find(|(n, _)| *n == bare) {
-        return Some((*n).to_string());
+    match NAMES.iter().find(|(name, _)| *name == bare) {
+        Some((name, _)) => Some((*name).to_string()),
+        None => name_of(n),
     }
-    number(bare).and_then(name_of)
 }
 
 /// The number of a canonical or given name.

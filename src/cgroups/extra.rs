@@ -9,8 +9,9 @@ use super::{controller_dir, hierarchies, join, key_value};
 
 /// Most devices, page sizes or processes one reader looks at.
 const MAX_ENTRIES: usize = 256;
-/// Most file descriptors counted per process.
-const MAX_FDS_PER_PROCESS: usize = 65_536;
+/// Most file descriptors counted in one cgroup (a tenant may open millions: each is a
+/// readlink on the metrics path).
+const MAX_FDS: u64 = 65_536;
 
 /// Block I/O of one device (major:minor).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -157,45 +158,28 @@ pub fn hugetlb(cgroup: &str) -> Vec<Hugetlb> {
 }
 
 /// Pressure stall totals of one resource, in microseconds: `some` (at least one task
-/// waiting) and `full` (all stalled; the kernel keeps none for CPU at the root).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// waiting) and `full` (all stalled; the kernel keeps none for CPU at the root), with the
+/// kernel's 10, 60 and 300 s averages (percent).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Pressure {
     pub some_total_us: u64,
     pub full_total_us: Option<u64>,
-    pub some_avg10: f64_bits::F,
-    pub some_avg60: f64_bits::F,
-    pub some_avg300: f64_bits::F,
-    pub full_avg10: f64_bits::F,
-    pub full_avg60: f64_bits::F,
-    pub full_avg300: f64_bits::F,
+    pub some_avg: [f64; 3],
+    pub full_avg: [f64; 3],
 }
 
-/// `f64` values kept comparable (`Eq`) by their bits.
-pub mod f64_bits {
-    /// An `f64` compared by its bits.
-    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-    pub struct F(pub u64);
-    impl F {
-        pub fn get(self) -> f64 {
-            f64::from_bits(self.0)
-        }
-    }
-    impl From<f64> for F {
-        fn from(v: f64) -> F {
-            F(v.to_bits())
-        }
-    }
-}
-
-/// The cgroup's `<resource>.pressure` (PSI) in the v2 hierarchy — on a hybrid host too, where
-/// the unified hierarchy keeps pressure for every cgroup even without controllers. `None`
-/// where the kernel keeps none for it (cgroup v1 only, or PSI off).
-pub fn pressure(cgroup: &str, resource: &str) -> Option<Pressure> {
-    let dir = hierarchies()
+/// The cgroup's dir in the v2 hierarchy, where it has one — on a hybrid host too, where the
+/// unified hierarchy keeps pressure for every cgroup even without controllers.
+pub fn unified_dir(cgroup: &str) -> Option<PathBuf> {
+    hierarchies()
         .iter()
         .filter(|h| h.controllers.is_none())
         .map(|h| join(&h.mount_point, cgroup))
-        .find(|d| d.join("cgroup.procs").exists())?;
+        .find(|d| d.join("cgroup.procs").exists())
+}
+
+/// `<resource>.pressure` (PSI) in the cgroup's v2 `dir`; `None` where the kernel keeps none.
+pub fn pressure(dir: &Path, resource: &str) -> Option<Pressure> {
     let t = std::fs::read_to_string(dir.join(format!("{resource}.pressure"))).ok()?;
     parse_pressure(&t)
 }
@@ -223,14 +207,12 @@ fn parse_pressure(t: &str) -> Option<Pressure> {
         match kind {
             "some" => {
                 p.some_total_us = total?;
-                (p.some_avg10, p.some_avg60, p.some_avg300) =
-                    (avg[0].into(), avg[1].into(), avg[2].into());
+                p.some_avg = avg;
                 some = true;
             }
             "full" => {
                 p.full_total_us = total;
-                (p.full_avg10, p.full_avg60, p.full_avg300) =
-                    (avg[0].into(), avg[1].into(), avg[2].into());
+                p.full_avg = avg;
             }
             _ => {}
         }
@@ -247,7 +229,7 @@ pub struct Procs {
 }
 
 /// Counts the open files and sockets of the processes in `cgroup` (its own `cgroup.procs`,
-/// at most [`MAX_ENTRIES`] processes and [`MAX_FDS_PER_PROCESS`] files each).
+/// at most [`MAX_ENTRIES`] processes and [`MAX_FDS`] files in all).
 pub fn procs(cgroup: &str) -> Option<Procs> {
     let dir = controller_dir("pids", cgroup).or_else(|| controller_dir("memory", cgroup))?;
     let list = std::fs::read_to_string(dir.join("cgroup.procs")).ok()?;
@@ -262,7 +244,10 @@ pub fn procs(cgroup: &str) -> Option<Procs> {
         let Ok(rd) = std::fs::read_dir(&fd_dir) else {
             continue;
         };
-        for e in rd.flatten().take(MAX_FDS_PER_PROCESS) {
+        for e in rd.flatten() {
+            if p.file_descriptors >= MAX_FDS {
+                break;
+            }
             p.file_descriptors += 1;
             if std::fs::read_link(e.path())
                 .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
@@ -299,7 +284,7 @@ mod tests {
         .unwrap();
         assert_eq!(p.some_total_us, 1234);
         assert_eq!(p.full_total_us, Some(99));
-        assert_eq!(p.some_avg10.get(), 1.5);
+        assert_eq!(p.some_avg[0], 1.5);
         assert!(parse_pressure("").is_none());
         assert!(parse_pressure("some avg10=x").is_none());
     }

@@ -108,7 +108,7 @@ pub fn oom_killed(cgroup: &str) -> bool {
 }
 
 /// CPU and memory use of one cgroup, as CRI stats report them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Usage {
     pub cpu_nanos: Option<u64>,
     pub memory_bytes: Option<u64>,
@@ -119,7 +119,7 @@ pub struct Usage {
 }
 
 /// Pressure stall information of a cgroup.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Psi {
     pub cpu: Option<Pressure>,
     pub memory: Option<Pressure>,
@@ -128,10 +128,13 @@ pub struct Psi {
 
 impl Psi {
     fn of(cgroup: &str) -> Psi {
+        let Some(dir) = extra::unified_dir(cgroup) else {
+            return Psi::default();
+        };
         Psi {
-            cpu: extra::pressure(cgroup, "cpu"),
-            memory: extra::pressure(cgroup, "memory"),
-            io: extra::pressure(cgroup, "io"),
+            cpu: extra::pressure(&dir, "cpu"),
+            memory: extra::pressure(&dir, "memory"),
+            io: extra::pressure(&dir, "io"),
         }
     }
 }
@@ -172,7 +175,7 @@ pub fn usage(cgroup: &str) -> Usage {
 
 /// What cAdvisor reports of one cgroup (for CRI metrics), v1 or v2; `None` where the
 /// hierarchy does not say.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Detail {
     pub cpu_nanos: Option<u64>,
     pub cpu_user_nanos: Option<u64>,

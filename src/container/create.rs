@@ -14,8 +14,6 @@ use crate::{failpoint, lock, validate, ContainerEntry, Runtime};
 
 pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -> Result<String> {
     spec::validate(config)?;
-    let mut config = config.clone();
-    let config = &mut config;
     let sb_entry = rt.lookup(sandbox_id)?.ok_or_else(|| Error::NotFound {
         kind: "sandbox",
         id: sandbox_id.to_string(),
@@ -43,11 +41,12 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
         )));
     }
     // Image volumes: pulled beforehand by kubelet, resolved now, kept while the container is.
+    let mut resolved = config.clone();
     let mut layers = image.layers.clone();
-    layers.extend(image_volume::resolve(&rt.images, &mut config.mounts)?);
+    layers.extend(image_volume::resolve(&rt.images, &mut resolved.mounts)?);
     layers.sort_unstable();
     layers.dedup();
-    let config = &*config;
+    let config = &resolved;
     // Its layers cannot be collected from here on (a RemoveImage meanwhile).
     let _pins = rt.images.pin(layers.iter().map(String::as_str));
     check_user_namespace(&sb, config)?;

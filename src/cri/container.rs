@@ -389,15 +389,15 @@ fn psi_to_cri(p: crate::cgroups::Pressure) -> cri::PsiStats {
     cri::PsiStats {
         some: Some(cri::PsiData {
             total: p.some_total_us,
-            avg10: p.some_avg10.get(),
-            avg60: p.some_avg60.get(),
-            avg300: p.some_avg300.get(),
+            avg10: p.some_avg[0],
+            avg60: p.some_avg[1],
+            avg300: p.some_avg[2],
         }),
         full: p.full_total_us.map(|total| cri::PsiData {
             total,
-            avg10: p.full_avg10.get(),
-            avg60: p.full_avg60.get(),
-            avg300: p.full_avg300.get(),
+            avg10: p.full_avg[0],
+            avg60: p.full_avg[1],
+            avg300: p.full_avg[2],
         }),
     }
 }
