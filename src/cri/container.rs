@@ -309,7 +309,20 @@ pub fn status_to_cri(r: &ContainerRecord) -> cri::ContainerStatus {
                 oom_score_adj: res.oom_score_adj,
                 cpuset_cpus: res.cpuset_cpus.clone(),
                 cpuset_mems: res.cpuset_mems.clone(),
-                ..Default::default()
+                memory_swap_limit_in_bytes: res.memory_swap_limit_in_bytes,
+                hugepage_limits: res
+                    .hugepage_limits
+                    .iter()
+                    .map(|(page_size, limit)| cri::HugepageLimit {
+                        page_size: page_size.clone(),
+                        limit: *limit,
+                    })
+                    .collect(),
+                unified: res
+                    .unified
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
             }),
             ..Default::default()
         }),

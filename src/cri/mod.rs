@@ -166,5 +166,16 @@ pub fn resources(
         oom_score_adj: r.oom_score_adj,
         cpuset_cpus: r.cpuset_cpus.clone(),
         cpuset_mems: r.cpuset_mems.clone(),
+        memory_swap_limit_in_bytes: r.memory_swap_limit_in_bytes,
+        hugepage_limits: r
+            .hugepage_limits
+            .iter()
+            .map(|h| (h.page_size.clone(), h.limit))
+            .collect(),
+        unified: r
+            .unified
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
     }
 }

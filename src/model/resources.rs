@@ -26,4 +26,58 @@ pub struct Resources {
     /// NUMA memory nodes it may use, in cpuset list syntax (CRI `cpuset_mems`); empty: not
     /// set.
     pub cpuset_mems: String,
+    /// Memory plus swap in bytes (CRI `memory_swap_limit_in_bytes`, OCI `memory.swap`); 0:
+    /// not set.
+    pub memory_swap_limit_in_bytes: i64,
+    /// Huge page limits: page size (`2MB`, `1GB`) → bytes (CRI `hugepage_limits`).
+    pub hugepage_limits: Vec<(String, u64)>,
+    /// cgroup v2 files to write as they are (CRI `unified`, OCI `unified`), e.g.
+    /// `memory.oom.group`, `memory.high`, `io.weight`; checked by [`Resources::check`].
+    pub unified: std::collections::BTreeMap<String, String>,
+}
+
+/// The most entries of `unified` one container may ask for.
+pub const MAX_UNIFIED: usize = 64;
+
+impl Resources {
+    /// Refuses what no cgroup write should carry out: a `unified` key that is not a plain
+    /// `<controller>.<file>` name (no path, no `cgroup.*` core file: membership and
+    /// delegation stay the runtime's), a value with a newline or NUL, more than
+    /// [`MAX_UNIFIED`] entries, or `unified` at all on a host without the pure cgroup v2
+    /// hierarchy (`v2` false), where the runtime cannot write it.
+    pub fn check(&self, v2: bool) -> Result<(), String> {
+        if self.unified.is_empty() {
+            return Ok(());
+        }
+        if !v2 {
+            return Err("unified: cgroup v2 files need a cgroup v2 host".into());
+        }
+        if self.unified.len() > MAX_UNIFIED {
+            return Err(format!(
+                "unified: {} entries (at most {MAX_UNIFIED})",
+                self.unified.len()
+            ));
+        }
+        for (k, v) in &self.unified {
+            let plain = k.len() <= 64
+                && k.split_once('.').is_some_and(|(ctl, file)| {
+                    !ctl.is_empty()
+                        && !file.is_empty()
+                        && k.bytes().all(|b| {
+                            b.is_ascii_lowercase() || b.is_ascii_digit() || b"._".contains(&b)
+                        })
+                });
+            if !plain || k.starts_with("cgroup.") {
+                return Err(format!(
+                    "unified: {k:?} is not a controller's file name (<controller>.<file>, not cgroup.*)"
+                ));
+            }
+            if v.len() > 4096 || v.contains(['\n', '\0']) {
+                return Err(format!(
+                    "unified[{k:?}]: a value of at most 4096 bytes without newline or NUL"
+                ));
+            }
+        }
+        Ok(())
+    }
 }

@@ -150,7 +150,7 @@ pub(crate) fn standard_mounts(writable: bool, bind_sys: bool) -> Vec<StdMount> {
 
 /// Does this host run the unified cgroup v2 hierarchy alone (where a container gets a cgroup
 /// namespace of its own, as containerd and CRI-O give it)?
-pub(crate) fn cgroup_v2_only() -> bool {
+pub fn cgroup_v2_only() -> bool {
     let hs = crate::cgroups::hierarchies();
     !hs.is_empty() && hs.iter().all(|h| h.controllers.is_none())
 }

@@ -134,7 +134,8 @@ pub fn capabilities(c: &ContainerConfig) -> Result<BTreeSet<String>> {
         .collect())
 }
 
-/// The OCI `LinuxResources` (cpu and memory) of a CRI resources message.
+/// The OCI `LinuxResources` (cpu, memory, swap, huge pages, cgroup v2 files) of a CRI
+/// resources message.
 pub fn resources_json(r: &super::Resources) -> Value {
     let mut cpu = serde_json::Map::new();
     if r.cpu_shares > 0 {
@@ -153,8 +154,25 @@ pub fn resources_json(r: &super::Resources) -> Value {
         cpu.insert("mems".into(), json!(r.cpuset_mems));
     }
     let mut out = json!({ "cpu": cpu });
+    let mut memory = serde_json::Map::new();
     if r.memory_limit_in_bytes > 0 {
-        out["memory"] = json!({"limit": r.memory_limit_in_bytes});
+        memory.insert("limit".into(), json!(r.memory_limit_in_bytes));
+    }
+    if r.memory_swap_limit_in_bytes > 0 {
+        memory.insert("swap".into(), json!(r.memory_swap_limit_in_bytes));
+    }
+    if !memory.is_empty() {
+        out["memory"] = Value::Object(memory);
+    }
+    if !r.hugepage_limits.is_empty() {
+        out["hugepageLimits"] = r
+            .hugepage_limits
+            .iter()
+            .map(|(size, limit)| json!({"pageSize": size, "limit": limit}))
+            .collect();
+    }
+    if !r.unified.is_empty() {
+        out["unified"] = json!(r.unified);
     }
     out
 }

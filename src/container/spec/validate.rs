@@ -158,7 +158,17 @@ pub fn validate_resources(r: &crate::container::Resources) -> Result<()> {
             r.oom_score_adj
         )));
     }
-    Ok(())
+    if r.memory_swap_limit_in_bytes > 0
+        && r.memory_limit_in_bytes > 0
+        && r.memory_swap_limit_in_bytes < r.memory_limit_in_bytes
+    {
+        return Err(invalid(format!(
+            "resources.memory_swap_limit_in_bytes {} is below memory_limit_in_bytes {} (it counts memory plus swap)",
+            r.memory_swap_limit_in_bytes, r.memory_limit_in_bytes
+        )));
+    }
+    r.check(crate::oci::spec::cgroup_v2_only())
+        .map_err(|e| invalid(format!("resources.{e}")))
 }
 
 #[cfg(test)]
