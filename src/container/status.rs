@@ -76,7 +76,10 @@ pub(crate) fn refresh_within(
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or_else(now_nanos, |d| d.as_nanos() as i64);
-    let oom = exit.signal == Some(9) && crate::cgroups::oom_killed(&rec.cgroup);
+    // The monitor saw the kills while the cgroup existed (a systemd scope is gone with the
+    // container); a cgroupfs dir still holds them.
+    let oom =
+        exit.signal == Some(9) && (exit.oom_kills > 0 || crate::cgroups::oom_killed(&rec.cgroup));
     let reason = if oom {
         "OOMKilled"
     } else if exit.exit_code == 0 {
@@ -84,11 +87,16 @@ pub(crate) fn refresh_within(
     } else {
         "Error"
     };
+    let message =
+        oom.then(|| crate::cgroups::oom_level(&rec.cgroup, exit.oom_at_limit > 0).message());
     mark_exited(rt, entry, |r| {
         r.exit_code = exit.exit_code;
         r.finished_at = finished.max(r.started_at);
         if r.reason.is_empty() {
             r.reason = reason.into();
+            if let Some(m) = message {
+                r.message = m.into();
+            }
         }
     });
     lock(&entry.record).clone()

@@ -19,7 +19,8 @@
 //! Modules, in the order a container meets them: [`launch`] (fork, the monitor's pid on
 //! record), [`detach`] (the monitor leaves the daemon, reports back), [`supervise`] (the monitor's life and its poll loop), [`create`]
 //! (`runtime create`), [`terminal`] (the console socket), [`cri_log`] (the CRI log writer),
-//! [`attach`] (the attach socket server), [`reaper`] (reaping, the exit), [`time`].
+//! [`attach`] (the attach socket server), [`oom`] (OOM kills seen while it runs), [`reaper`]
+//! (reaping, the exit), [`time`].
 
 mod attach;
 mod create;
@@ -27,6 +28,7 @@ mod cri_log;
 mod detach;
 mod exec;
 mod launch;
+mod oom;
 mod reaper;
 mod supervise;
 mod terminal;

@@ -29,6 +29,7 @@ impl Exit {
                 exit_code,
                 signal,
                 exited_at,
+                ..Default::default()
             },
             at: Instant::now(),
         }

@@ -14,6 +14,7 @@ use crate::attach::Attach;
 use crate::create::{create, Created};
 use crate::cri_log::{LogFile, Stream};
 use crate::detach::{detach, Report};
+use crate::oom::OomWatch;
 use crate::reaper::{read_signals, reap_all, signal_fd, Reaper};
 
 /// How long to keep reading output after the container exited (a daemonised grandchild may
@@ -72,14 +73,15 @@ fn serve(args: &MonitorArgs, sigfd: &OwnedFd, mut log: LogFile, c: Created) {
     const KINDS: [u8; 2] = [STDOUT, STDERR];
     let mut attach = Attach::new(attach, stdin, args.stdin);
     let mut reaper = Reaper::new(pid, waiter);
+    let mut oom = OomWatch::open(pid);
     loop {
         if let Some(e) = reaper.exit() {
             if streams.iter().all(Stream::is_closed) || e.at.elapsed() >= DRAIN_AFTER_EXIT {
                 break;
             }
         }
-        // 0, 1: output, 2: signals, 3: attach listener, 4: container stdin (when input is
-        // pending), 5..: attach clients.
+        // 0, 1: output, 2: signals, 3: the cgroup's memory.events (-1: none), 4: attach
+        // listener, 5: container stdin (when input is pending), 6..: attach clients.
         let mut pfds: Vec<libc::pollfd> = streams
             .iter()
             .map(|s| libc::pollfd {
@@ -91,6 +93,12 @@ fn serve(args: &MonitorArgs, sigfd: &OwnedFd, mut log: LogFile, c: Created) {
         pfds.push(libc::pollfd {
             fd: sigfd.as_raw_fd(),
             events: libc::POLLIN,
+            revents: 0,
+        });
+        pfds.push(libc::pollfd {
+            fd: oom.as_ref().map_or(-1, OomWatch::fd),
+            // A cgroup file signals a change of its values as priority data.
+            events: libc::POLLPRI,
             revents: 0,
         });
         attach.poll_fds(&mut pfds);
@@ -106,7 +114,12 @@ fn serve(args: &MonitorArgs, sigfd: &OwnedFd, mut log: LogFile, c: Created) {
                 attach.serve(KINDS[i], &s.take_fresh());
             }
         }
-        attach.handle(&pfds[3..], master.as_ref());
+        if pfds[3].revents != 0 {
+            if let Some(w) = &mut oom {
+                w.refresh();
+            }
+        }
+        attach.handle(&pfds[4..], master.as_ref());
         if pfds[2].revents != 0 {
             for sig in read_signals(sigfd) {
                 match sig {
@@ -132,7 +145,12 @@ fn serve(args: &MonitorArgs, sigfd: &OwnedFd, mut log: LogFile, c: Created) {
     }
     // The log is complete: record the exit now, so a stop waiting for it does not also wait
     // for slow attach clients below.
-    let exit = reaper.into_exit().expect("loop ends only after the exit");
+    let mut exit = reaper.into_exit().expect("loop ends only after the exit");
+    if let Some(w) = &mut oom {
+        w.refresh();
+        exit.info.oom_kills = w.last.kills;
+        exit.info.oom_at_limit = w.last.at_limit;
+    }
     let _ = write_atomic(&args.exit_file, &exit.info.to_line(), Durability::Rename);
     attach.close(args.attach_socket.as_deref());
 }

@@ -1,0 +1,122 @@
+//! OOM kills in the container's cgroup, learned while it runs. With the systemd cgroup driver
+//! the container's scope, and its `memory.events`, are gone as soon as its last process is:
+//! before the daemon could read them. So the monitor keeps `memory.events` (cgroup v2) open,
+//! polls it for the kernel's change notification, and records the counters with the exit.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::PathBuf;
+
+/// The counters of `memory.events` the exit file carries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OomCounts {
+    /// `oom`: times the cgroup hit its own memory limit (or a descendant's).
+    pub at_limit: u64,
+    /// `oom_kill`: processes of the cgroup the OOM killer killed, whoever's limit it was.
+    pub kills: u64,
+}
+
+/// `memory.events` of one cgroup, open for the container's life.
+pub struct OomWatch {
+    file: File,
+    pub last: OomCounts,
+}
+
+impl OomWatch {
+    /// Watches the v2 cgroup `pid` is in (`None` without the unified hierarchy, its memory
+    /// controller there, or with `pid` already gone).
+    pub fn open(pid: i32) -> Option<OomWatch> {
+        let path = events_path(pid)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+            .ok()?;
+        let mut w = OomWatch {
+            file,
+            last: OomCounts::default(),
+        };
+        w.refresh();
+        Some(w)
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+
+    /// Reads the counters again (reading also re-arms the change notification); a cgroup
+    /// already removed keeps the last values read.
+    pub fn refresh(&mut self) {
+        let mut buf = [0u8; 512];
+        if let Ok(n) = self.file.read_at(&mut buf, 0) {
+            let now = parse(&String::from_utf8_lossy(&buf[..n]));
+            self.last.at_limit = self.last.at_limit.max(now.at_limit);
+            self.last.kills = self.last.kills.max(now.kills);
+        }
+    }
+}
+
+/// `<unified mount>/<pid's v2 cgroup>/memory.events`.
+fn events_path(pid: i32) -> Option<PathBuf> {
+    let mut mountinfo = String::new();
+    File::open("/proc/self/mountinfo")
+        .ok()?
+        .take(1 << 20)
+        .read_to_string(&mut mountinfo)
+        .ok()?;
+    let mount = mountinfo.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        (post.split(' ').next() == Some("cgroup2")).then(|| pre.split(' ').nth(4))?
+    })?;
+    let mut cgroups = String::new();
+    File::open(format!("/proc/{pid}/cgroup"))
+        .ok()?
+        .take(64 << 10)
+        .read_to_string(&mut cgroups)
+        .ok()?;
+    let rel = cgroups.lines().find_map(|l| l.strip_prefix("0::"))?;
+    if rel.split('/').any(|c| c == "..") {
+        return None;
+    }
+    Some(
+        PathBuf::from(mount)
+            .join(rel.trim_start_matches('/'))
+            .join("memory.events"),
+    )
+}
+
+fn parse(text: &str) -> OomCounts {
+    let mut c = OomCounts::default();
+    for l in text.lines() {
+        let mut kv = l.split_whitespace();
+        let (Some(k), Some(v)) = (kv.next(), kv.next().and_then(|v| v.parse().ok())) else {
+            continue;
+        };
+        match k {
+            "oom" => c.at_limit = v,
+            "oom_kill" => c.kills = v,
+            _ => {}
+        }
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_of_memory_events() {
+        let t = "low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\noom_group_kill 0\n";
+        assert_eq!(
+            parse(t),
+            OomCounts {
+                at_limit: 2,
+                kills: 1
+            }
+        );
+        assert_eq!(parse("garbage\noom x\n"), OomCounts::default());
+    }
+}
