@@ -18,6 +18,20 @@ pub enum InfraPolicy {
     Always,
 }
 
+/// Who manages the pods' cgroups (CRI `RuntimeConfig.linux.cgroup_driver`, what kubelet
+/// follows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupDriver {
+    /// systemd where it is the init system (`/run/systemd/system` exists), else cgroupfs.
+    #[default]
+    Auto,
+    /// Scopes and slices through systemd's D-Bus API (`cgroups::systemd`).
+    Systemd,
+    /// Directories written directly under the cgroup mounts.
+    Cgroupfs,
+}
+
 /// One OCI runtime handler (CRI `runtime_handler`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct RuntimeHandler {
@@ -115,6 +129,11 @@ pub struct Config {
     pub shm_size: u64,
     /// cgroup parent for infra containers when the pod config names none.
     pub cgroup_parent: String,
+    /// `auto` (the default), `systemd` or `cgroupfs`. With systemd, a pod's parent is a slice
+    /// (kubelet's `…/kubepods-burstable-pod<uid>.slice`), each container a scope the OCI
+    /// runtime makes (`--systemd-cgroup`), and a pod that names none gets
+    /// `<cgroup_parent's name>-pod<id>.slice` (default `sandboxd-pod<id>.slice`).
+    pub cgroup_driver: CgroupDriver,
     /// Grace after the stop signal before SIGKILL for containers StopPodSandbox finds still
     /// running; 0 (the default): SIGKILL at once, as `api.proto` asks ("forcibly terminated")
     /// and containerd does — kubelet has stopped them gracefully before.
@@ -208,6 +227,7 @@ impl Default for Config {
             infra: InfraPolicy::Auto,
             shm_size: 64 * 1024 * 1024,
             cgroup_parent: "/sandboxd".into(),
+            cgroup_driver: CgroupDriver::Auto,
             stop_grace: Duration::ZERO,
             stats_collect_period: crate::metrics::DEFAULT_STATS_PERIOD,
             runtime_mount_ns: true,

@@ -117,6 +117,8 @@ pub struct Runtime {
     /// The host operations the pod lifecycle orders (`host/`): the real host, or a
     /// recording fake in the unit tests.
     pub(crate) host: Arc<dyn Host>,
+    /// Who manages the pods' cgroups (the config's `cgroup_driver`, resolved at start).
+    pub(crate) cgroup_driver: cgroups::Driver,
 }
 
 /// The outcome of one pull, shared by everyone who asked for it while it ran.
@@ -194,6 +196,7 @@ impl Runtime {
         for d in cfg.namespace_dirs() {
             host.make_shared_dir(d)?;
         }
+        let cgroup_driver = cgroups::Driver::resolve(cfg.cgroup_driver).map_err(Error::Config)?;
         let monitor = Config::helper_path(&cfg.monitor_path, "sandboxd-monitor");
         let mount_ns = if cfg.runtime_mount_ns {
             let pins: Vec<&Path> = cfg.namespace_dirs().iter().map(|d| d.as_path()).collect();
@@ -216,7 +219,12 @@ impl Runtime {
                     name: name.clone(),
                     // Absolute: a call that enters the runtime's mount namespace starts in `/`.
                     path: absolute_if_relative(&h.path),
-                    args: h.runtime_args.clone(),
+                    // With systemd, the runtime makes each container's scope itself.
+                    args: (cgroup_driver == cgroups::Driver::Systemd)
+                        .then(|| "--systemd-cgroup".to_string())
+                        .into_iter()
+                        .chain(h.runtime_args.iter().cloned())
+                        .collect(),
                     root: h
                         .root
                         .clone()
@@ -285,12 +293,24 @@ impl Runtime {
             fs_usage: metrics::FsUsageCache::new(stats_period),
             exit_watch: events::watch::ExitWatcher::new(),
             host,
+            cgroup_driver,
         })
     }
 
     /// The configuration the runtime was opened with.
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// The cgroup driver in use (RuntimeConfig reports it to kubelet).
+    pub fn cgroup_driver(&self) -> cgroups::Driver {
+        self.cgroup_driver
+    }
+
+    /// A pod's cgroup as the daemon names it: a path (cgroupfs) or a slice (systemd; its
+    /// directory is `cgroups::systemd::fs_path` of it).
+    pub fn pod_cgroup(&self, sandbox_id: &str) -> Result<String> {
+        Ok(self.sandbox_record(sandbox_id)?.pod_cgroup(&self.cfg))
     }
 
     /// RunPodSandbox: returns the new (or, for a retried request, the existing) sandbox id.

@@ -128,10 +128,13 @@ fn exec_sync_timeout_kills_and_reaps() {
 }
 
 /// Makes `dir` a mount point of its own with the given propagation (`shared`, `private`).
+/// A bind mount of `dir` onto itself with the given propagation, in a peer group of its own:
+/// where `/` is shared (systemd makes it so) a plain bind would join `/`'s group, and every
+/// mount under it would show twice, once on the bind and once on `/` beneath it.
 fn own_mount(dir: &Path, propagation: &str) {
     std::fs::create_dir_all(dir).unwrap();
     sh(&format!(
-        "mount --bind {d} {d} && mount --make-{propagation} {d}",
+        "mount --bind {d} {d} && mount --make-private {d} && mount --make-{propagation} {d}",
         d = dir.display()
     ));
 }

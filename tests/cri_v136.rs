@@ -321,7 +321,9 @@ fn pod_level_resources() {
         serde_json::from_str(&info["info"]).unwrap()
     };
     // The pod's cgroup (made by the daemon: no cgroup_parent given) is sized with both.
-    let cg = format!("{}/pod-{sb}", env.cfg.cgroup_parent);
+    let cg = sandboxd::cgroups::Driver::resolve(env.cfg.cgroup_driver)
+        .unwrap()
+        .own_pod_cgroup(&env.cfg.cgroup_parent, &sb);
     // cgroup v1 (this host) or v2 (the VM lane).
     let limits = || {
         let read = |ctl: &str, v1: &str, v2: &str| -> i64 {

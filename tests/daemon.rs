@@ -55,10 +55,13 @@ fn lifecycle_and_status_codes() {
             .await
             .unwrap()
             .into_inner();
-        assert_eq!(
-            cfg.linux.unwrap().cgroup_driver,
-            cri::CgroupDriver::Cgroupfs as i32
-        );
+        // kubelet follows the runtime's driver: systemd where it is PID 1 (the VM lane).
+        let expected = if sandboxd::cgroups::systemd::booted() {
+            cri::CgroupDriver::Systemd
+        } else {
+            cri::CgroupDriver::Cgroupfs
+        };
+        assert_eq!(cfg.linux.unwrap().cgroup_driver, expected as i32);
 
         let id = c
             .run_pod_sandbox(run_req(pod_config("web", "u-web", true)))

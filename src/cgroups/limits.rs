@@ -63,8 +63,13 @@ impl PodLimits {
 
 /// Writes `l` to `cgroup` (made where missing): v1 `memory.limit_in_bytes`,
 /// `cpu.cfs_period_us`/`cpu.cfs_quota_us`/`cpu.shares`; v2 `memory.max`, `cpu.max`,
-/// `cpu.weight` (with the controllers enabled on the way down).
+/// `cpu.weight` (with the controllers enabled on the way down). A systemd slice is made or
+/// resized through its unit properties instead.
 pub fn set_limits(cgroup: &str, l: &PodLimits) -> Result<(), HostError> {
+    if super::systemd::is_slice(cgroup) {
+        // systemd owns the slice: the limits are its unit properties.
+        return super::systemd::set_slice(cgroup, l);
+    }
     if cgroup.split('/').any(|c| c == "..") || cgroup.trim_matches('/').is_empty() {
         return Err(HostError::Refused {
             op: "set cgroup limits",

@@ -8,9 +8,91 @@ use crate::error::HostError;
 
 mod extra;
 mod limits;
+pub mod systemd;
 
 pub use extra::{BlkioDevice, Hugetlb, Pressure, Procs};
 pub use limits::{set_limits, PodLimits};
+
+/// The cgroup driver in use (the config's `auto` resolved at start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    Cgroupfs,
+    Systemd,
+}
+
+impl Driver {
+    /// The driver `asked` for, here: `auto` is systemd where systemd is the init system.
+    pub fn resolve(asked: crate::config::CgroupDriver) -> Result<Driver, String> {
+        use crate::config::CgroupDriver as C;
+        match asked {
+            C::Cgroupfs => Ok(Driver::Cgroupfs),
+            C::Systemd if systemd::booted() => Ok(Driver::Systemd),
+            C::Systemd => Err(
+                "cgroup_driver = \"systemd\", but systemd is not the init system here \
+                 (no /run/systemd/system)"
+                    .into(),
+            ),
+            C::Auto if systemd::booted() => Ok(Driver::Systemd),
+            C::Auto => Ok(Driver::Cgroupfs),
+        }
+    }
+
+    /// The cgroup made for pod `id` when its config names no parent, under the configured
+    /// `parent`: `<parent>/pod-<id>`, or the slice `<parent's name>-pod<id>.slice`.
+    pub fn own_pod_cgroup(self, parent: &str, id: &str) -> String {
+        match self {
+            Driver::Cgroupfs => format!("{}/pod-{id}", parent.trim_end_matches('/')),
+            Driver::Systemd => {
+                let base = parent
+                    .trim_end_matches('/')
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or("");
+                let stem = base.strip_suffix(".slice").unwrap_or(base);
+                let stem = if stem.is_empty() || stem == "-" {
+                    "sandboxd"
+                } else {
+                    stem
+                };
+                format!("{stem}-pod{id}.slice")
+            }
+        }
+    }
+
+    /// The pod cgroup for a pod whose config names `parent` (not empty): a path (cgroupfs),
+    /// or the slice that ends it (systemd; kubelet sends the slice's whole path).
+    pub fn pod_cgroup(self, parent: &str) -> Result<String, String> {
+        match self {
+            Driver::Cgroupfs => Ok(parent.trim_end_matches('/').to_string()),
+            Driver::Systemd => {
+                let base = parent
+                    .trim_end_matches('/')
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or("");
+                if systemd::is_slice(base) && systemd::expand_slice(base).is_some() {
+                    Ok(base.to_string())
+                } else {
+                    Err(format!(
+                        "linux.cgroup_parent {parent:?}: the systemd cgroup driver takes a slice \
+                         (\"…/name.slice\")"
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// The cgroup of container (or infra) `id` in the pod cgroup `pod`: `<pod>/sandboxd-<id>`, or
+/// under a slice the scope `sandboxd-<id>.scope` the OCI runtime makes
+/// (`<slice>:sandboxd:<id>`).
+pub fn child(pod: &str, id: &str) -> String {
+    if systemd::is_slice(pod) {
+        format!("{pod}:{}:{id}", systemd::SCOPE_PREFIX)
+    } else {
+        format!("{pod}/sandboxd-{id}")
+    }
+}
 
 /// One mounted cgroup hierarchy.
 #[derive(Debug, Clone)]
@@ -63,8 +145,10 @@ fn read_hierarchies() -> Vec<Hierarchy> {
     out
 }
 
+/// The dir of `cgroup` (a path, or a systemd slice or scope: see [`systemd::fs_path`]) in the
+/// hierarchy mounted at `mp`.
 fn join(mp: &Path, cgroup: &str) -> PathBuf {
-    mp.join(cgroup.trim_start_matches('/'))
+    mp.join(systemd::fs_path(cgroup).trim_start_matches('/'))
 }
 
 /// The directory of `cgroup` in the hierarchy that holds `controller` (v1), else in the v2
@@ -105,6 +189,64 @@ pub fn oom_killed(cgroup: &str) -> bool {
             .and_then(|t| key_value(&t, "oom_kill"))
             .is_some_and(|n| n > 0)
     })
+}
+
+/// Whose memory limit an OOM kill answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OomLevel {
+    /// The container's own (its cgroup's `memory.events` counts `oom`).
+    Container,
+    /// The pod's (its cgroup's `memory.events.local` counts `oom`, the container's does not).
+    Pod,
+    /// Neither: a cgroup above the pod (kubepods, the node's allocatable) or the whole node.
+    Node,
+    /// The hierarchy does not tell (cgroup v1).
+    Unknown,
+}
+
+impl OomLevel {
+    /// The CRI `message` of an `OOMKilled` container.
+    pub fn message(self) -> &'static str {
+        match self {
+            OomLevel::Container => "OOM-killed at the container's memory limit",
+            OomLevel::Pod => "OOM-killed at the pod's memory limit",
+            OomLevel::Node => {
+                "OOM-killed: memory ran out above the pod (the node's or kubepods' limit)"
+            }
+            OomLevel::Unknown => "OOM-killed",
+        }
+    }
+}
+
+/// The cgroup a container's cgroup `child` (see [`child`]) is in: its pod's.
+pub fn parent_of(child: &str) -> Option<&str> {
+    match child.split_once(':') {
+        Some((slice, _)) => Some(slice),
+        None => child
+            .rsplit_once('/')
+            .map(|(p, _)| p)
+            .filter(|p| !p.is_empty()),
+    }
+}
+
+/// Whose limit OOM-killed a process of container cgroup `cgroup`; `hit_limit`: the
+/// container's own `oom` count, as its monitor saw it.
+pub fn oom_level(cgroup: &str, hit_limit: bool) -> OomLevel {
+    // `memory.events` counts its descendants too, `.local` the cgroup's own limit alone (a
+    // pod's other containers hitting theirs must not count as the pod's).
+    let oom_count = |cg: &str, file: &str| -> Option<u64> {
+        let d = controller_dir("memory", cg)?;
+        let t = std::fs::read_to_string(d.join(file)).ok()?;
+        key_value(&t, "oom")
+    };
+    if hit_limit || oom_count(cgroup, "memory.events").is_some_and(|n| n > 0) {
+        return OomLevel::Container;
+    }
+    match parent_of(cgroup).map(|p| oom_count(p, "memory.events.local")) {
+        Some(Some(n)) if n > 0 => OomLevel::Pod,
+        Some(Some(_)) => OomLevel::Node,
+        _ => OomLevel::Unknown,
+    }
 }
 
 /// CPU and memory use of one cgroup, as CRI stats report them.
@@ -378,8 +520,12 @@ fn count_procs(dir: &Path) -> u64 {
 }
 
 /// Removes `cgroup` (an empty directory once its containers are deleted) from every
-/// hierarchy; each is tried. A missing one is fine; a busy one is an error naming it.
+/// hierarchy; each is tried. A missing one is fine; a busy one is an error naming it. A
+/// systemd slice or scope is stopped instead (and gone when this returns).
 pub fn remove(cgroup: &str) -> Result<(), HostError> {
+    if let Some(unit) = systemd::unit_of(cgroup) {
+        return systemd::stop(&unit, &systemd::fs_path(cgroup));
+    }
     if cgroup.split('/').any(|c| c == "..") || cgroup.trim_matches('/').is_empty() {
         return Err(HostError::Refused {
             op: "remove cgroup",

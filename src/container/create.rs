@@ -99,7 +99,7 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
         pid: 0,
         dir: rt.cfg.root.join("containers").join(&id),
         log_path,
-        cgroup: format!("{}/sandboxd-{}", sb.pod_cgroup(&rt.cfg), id),
+        cgroup: crate::cgroups::child(&sb.pod_cgroup(&rt.cfg), &id),
         stop_signal: effective_stop_signal(&config.stop_signal, &image.config.stop_signal)?,
         shared_pid: !namespaces.iter().any(|(t, p)| *t == "pid" && p.is_none()),
         // Short path (sun_path is 108 bytes): under the root, not the container dir.

@@ -214,7 +214,10 @@ impl RuntimeService for CriService {
     ) -> Result<Response<cri::RuntimeConfigResponse>, Status> {
         Ok(Response::new(cri::RuntimeConfigResponse {
             linux: Some(cri::LinuxRuntimeConfiguration {
-                cgroup_driver: cri::CgroupDriver::Cgroupfs as i32,
+                cgroup_driver: match self.rt.cgroup_driver() {
+                    crate::cgroups::Driver::Systemd => cri::CgroupDriver::Systemd,
+                    crate::cgroups::Driver::Cgroupfs => cri::CgroupDriver::Cgroupfs,
+                } as i32,
             }),
         }))
     }

@@ -286,7 +286,8 @@ pub struct ContainerRecord {
     /// The CRI log file: the pod's `log_directory` joined with `config.log_path`; `None` if
     /// either is empty.
     pub log_path: Option<PathBuf>,
-    /// The container's cgroup path (OCI `cgroupsPath`): `<pod cgroup>/sandboxd-<id>`.
+    /// The container's cgroup (OCI `cgroupsPath`): `<pod cgroup>/sandboxd-<id>`, or with the
+    /// systemd driver `<pod slice>:sandboxd:<id>` (`cgroups::child`).
     pub cgroup: String,
     /// Signal that asks it to stop (the image's STOPSIGNAL, default TERM).
     pub stop_signal: String,

@@ -146,7 +146,7 @@ fn finish_quarantined(rt: &Runtime, id: &str) -> Result<()> {
             errors.push(Error::step("remove sandbox dir", id, e));
         }
     }
-    let cgroup = format!("{}/pod-{id}", rt.cfg.cgroup_parent.trim_end_matches('/'));
+    let cgroup = rt.cgroup_driver.own_pod_cgroup(&rt.cfg.cgroup_parent, id);
     if let Err(e) = rt.host.remove_cgroup(&cgroup) {
         errors.push(Error::step("remove pod cgroup", id, e));
     }

@@ -126,9 +126,12 @@ fn new_record(
         infra: None,
         stop: StopRecord::default(),
         pod_cgroup: if config.cgroup_parent.is_empty() {
-            format!("{}/pod-{id}", rt.cfg.cgroup_parent.trim_end_matches('/'))
+            rt.cgroup_driver.own_pod_cgroup(&rt.cfg.cgroup_parent, id)
         } else {
-            config.cgroup_parent.trim_end_matches('/').to_string()
+            // Checked by `validate`.
+            rt.cgroup_driver
+                .pod_cgroup(&config.cgroup_parent)
+                .unwrap_or_default()
         },
         own_pod_cgroup: config.cgroup_parent.is_empty(),
     }
@@ -322,7 +325,7 @@ fn start_infra(
         resolv_conf: dir.join("resolv.conf"),
         hosts: dir.join("hosts"),
         hostname_file: dir.join("hostname"),
-        cgroups_path: format!("{}/sandboxd-{}", rec.pod_cgroup(&rt.cfg), id),
+        cgroups_path: crate::cgroups::child(&rec.pod_cgroup(&rt.cfg), id),
         oom_score_adj: spec::clamp_oom_score_adj(-998),
         sysctls: plan
             .sysctls
@@ -420,6 +423,11 @@ fn validate_config(rt: &Runtime, c: &PodSandboxConfig) -> Result<Plan> {
             "linux.cgroup_parent {:?} must be an absolute path without \".\" or \"..\"",
             c.cgroup_parent
         )));
+    }
+    if !c.cgroup_parent.is_empty() {
+        rt.cgroup_driver
+            .pod_cgroup(&c.cgroup_parent)
+            .map_err(Error::InvalidArgument)?;
     }
     if let Some(dns) = &c.dns {
         for s in &dns.servers {

@@ -139,7 +139,13 @@ impl Env {
         // Each test's pods under their own top-level parent, so the leak check can see its
         // cgroups and the parent goes with the test (a shared parent would be left behind, or
         // removed under a test that is creating below it).
-        cfg.cgroup_parent = format!("/sandboxd-test-t{n}");
+        // With the systemd driver (the VM lane) the parent is a slice: the pods' own slices
+        // are `sandboxd_test_t<n>-pod<id>.slice` below it.
+        cfg.cgroup_parent = if sandboxd::cgroups::systemd::booted() {
+            format!("sandboxd_test_t{n}.slice")
+        } else {
+            format!("/sandboxd-test-t{n}")
+        };
         cfg.stop_grace = std::time::Duration::from_secs(2);
         cfg.cni_bin_dirs = vec![base.join("bin"), PathBuf::from("/usr/lib/cni")];
         std::fs::create_dir_all(base.join("bin")).unwrap();
@@ -433,7 +439,8 @@ pub fn cgroups_under(parent: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for h in sandboxd::cgroups::hierarchies() {
         walk(
-            &h.mount_point.join(parent.trim_start_matches('/')),
+            &h.mount_point
+                .join(sandboxd::cgroups::systemd::fs_path(parent).trim_start_matches('/')),
             &mut out,
         );
     }
