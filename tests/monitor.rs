@@ -20,6 +20,7 @@ fn bundle(env: &Env, name: &str, args: &[&str]) -> std::path::PathBuf {
     }
     let mut s = spec::infra(&spec::InfraSpec {
         sandbox_id: name.into(),
+        metadata: Default::default(),
         rootfs,
         hostname: "m".into(),
         netns: None,

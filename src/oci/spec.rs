@@ -40,6 +40,8 @@ pub fn oci_capability(c: caps::Capability) -> Capability {
 #[derive(Debug, Clone)]
 pub struct InfraSpec {
     pub sandbox_id: String,
+    /// The pod's name, namespace and uid, as annotations (a VM runtime names its VM by them).
+    pub metadata: crate::model::sandbox::PodSandboxMetadata,
     pub rootfs: PathBuf,
     pub hostname: String,
     /// Join this network namespace by path; `None` = the host's.
@@ -280,6 +282,13 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
         "io.kubernetes.cri.sandbox-id".to_string(),
         s.sandbox_id.clone(),
     );
+    for (k, v) in [
+        ("io.kubernetes.cri.sandbox-name", &s.metadata.name),
+        ("io.kubernetes.cri.sandbox-namespace", &s.metadata.namespace),
+        ("io.kubernetes.cri.sandbox-uid", &s.metadata.uid),
+    ] {
+        annotations.insert(k.to_string(), v.clone());
+    }
     // CRI-O's names too: sandboxed runtimes (runsc, Kata) read either to put the
     // containers of one pod into one sandbox.
     annotations.insert(
@@ -399,6 +408,12 @@ mod tests {
     fn spec(netns: Option<&str>) -> Spec {
         infra(&InfraSpec {
             sandbox_id: "abc".into(),
+            metadata: crate::model::sandbox::PodSandboxMetadata {
+                name: "web".into(),
+                namespace: "ns".into(),
+                uid: "u1".into(),
+                attempt: 0,
+            },
             rootfs: "/r".into(),
             hostname: "h".into(),
             netns: netns.map(PathBuf::from),
@@ -426,6 +441,13 @@ mod tests {
             .any(|n| n["type"] == "network" && n["path"] == "/run/netns/x"));
         assert!(nss.iter().any(|n| n["type"] == "uts"));
         assert_eq!(v["hostname"], "h");
+        // containerd's names of the pod, which Kata-style runtimes read.
+        assert_eq!(v["annotations"]["io.kubernetes.cri.sandbox-name"], "web");
+        assert_eq!(
+            v["annotations"]["io.kubernetes.cri.sandbox-namespace"],
+            "ns"
+        );
+        assert_eq!(v["annotations"]["io.kubernetes.cri.sandbox-uid"], "u1");
         assert_eq!(v["root"]["readonly"], true);
         assert_eq!(v["process"]["noNewPrivileges"], true);
         let mounts = v["mounts"].as_array().unwrap();

@@ -315,6 +315,7 @@ fn start_infra(
     };
     let s = spec::infra(&spec::InfraSpec {
         sandbox_id: id.to_string(),
+        metadata: config.metadata.clone(),
         rootfs,
         hostname: plan.hostname.clone(),
         netns: rec.netns.clone(),
