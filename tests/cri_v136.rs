@@ -846,7 +846,8 @@ fn metrics_the_validation_suite_expects() {
             .into_inner()
             .info;
         let v: serde_json::Value = serde_json::from_str(&info["info"]).unwrap();
-        v["cgroup"].as_str().unwrap().to_string()
+        // A systemd driver's `slice:prefix:name` maps to its path in the hierarchy.
+        sandboxd::cgroups::systemd::fs_path(v["cgroup"].as_str().unwrap()).into_owned()
     };
     let kept = std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
