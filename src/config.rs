@@ -160,6 +160,9 @@ pub struct Config {
     /// `ImageFsInfo` then reports it in `container_filesystems`). Pods with their own user
     /// namespace keep theirs under `root` (the layer is idmapped with the rootfs).
     pub container_storage_root: Option<PathBuf>,
+    /// Where CDI spec files are read from, in priority order (a device defined in a later dir
+    /// wins); containerd's and CRI-O's default.
+    pub cdi_spec_dirs: Vec<PathBuf>,
 }
 
 mod secs {
@@ -235,6 +238,7 @@ impl Default for Config {
             images: Default::default(),
             streaming: Default::default(),
             container_storage_root: None,
+            cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
         }
     }
 }
@@ -260,6 +264,7 @@ impl Config {
             utsns_dir: base.join("utsns"),
             userns_dir: base.join("userns"),
             cni_conf_dir: base.join("cni-conf"),
+            cdi_spec_dirs: vec![base.join("cdi")],
             ..Config::default()
         }
     }

@@ -23,6 +23,8 @@ pub mod streaming;
 // Internals: public only for this crate's integration tests, benchmarks and fuzz targets —
 // not an API, hidden from the docs, free to change.
 #[doc(hidden)]
+pub mod cdi;
+#[doc(hidden)]
 pub mod cgroups;
 #[doc(hidden)]
 pub mod cni;
@@ -59,7 +61,7 @@ mod userns;
 #[doc(hidden)]
 pub mod validate;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -119,6 +121,8 @@ pub struct Runtime {
     pub(crate) host: Arc<dyn Host>,
     /// Who manages the pods' cgroups (the config's `cgroup_driver`, resolved at start).
     pub(crate) cgroup_driver: cgroups::Driver,
+    /// The node's CDI devices.
+    pub(crate) cdi: cdi::Registry,
 }
 
 /// The outcome of one pull, shared by everyone who asked for it while it ran.
@@ -197,6 +201,7 @@ impl Runtime {
             host.make_shared_dir(d)?;
         }
         let cgroup_driver = cgroups::Driver::resolve(cfg.cgroup_driver).map_err(Error::Config)?;
+        let cdi = cdi::Registry::new(cfg.cdi_spec_dirs.clone());
         let monitor = Config::helper_path(&cfg.monitor_path, "sandboxd-monitor");
         let mount_ns = if cfg.runtime_mount_ns {
             let pins: Vec<&Path> = cfg.namespace_dirs().iter().map(|d| d.as_path()).collect();
@@ -294,6 +299,7 @@ impl Runtime {
             exit_watch: events::watch::ExitWatcher::new(),
             host,
             cgroup_driver,
+            cdi,
         })
     }
 
@@ -305,6 +311,12 @@ impl Runtime {
     /// The cgroup driver in use (RuntimeConfig reports it to kubelet).
     pub fn cgroup_driver(&self) -> cgroups::Driver {
         self.cgroup_driver
+    }
+
+    /// The CDI devices containers can ask for (qualified name → spec file), and the spec
+    /// files that could not be used (file → why).
+    pub fn cdi_devices(&self) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+        (self.cdi.devices(), self.cdi.errors())
     }
 
     /// A pod's cgroup as the daemon names it: a path (cgroupfs) or a slice (systemd; its

@@ -59,6 +59,8 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
         Seccomp::Localhost(p) => Some(spec::localhost_seccomp(p, &caps)?),
     };
     let devices = devices(config)?;
+    // CDI devices: every name must resolve before anything is made (applied in `build`).
+    rt.cdi.check(&crate::cdi::requested(config)?)?;
     check_mount_sources(config)?;
     let apparmor =
         crate::lsm::apparmor_profile(&config.security.apparmor, "security_context.apparmor")?;
@@ -307,6 +309,13 @@ fn build(
             .map(|(k, v)| (crate::sysctl::normalize(k), v.clone()))
             .collect(),
     })?;
+    let mut oci = oci;
+    rt.cdi
+        .inject(&crate::cdi::requested(&rec.config)?, &mut oci)
+        .map_err(|e| match e {
+            Error::InvalidArgument(m) => Error::InvalidArgument(format!("container {id}: {m}")),
+            e => e,
+        })?;
     crate::oci::spec::save(&oci, &rec.dir.join("config.json"))
         .map_err(|e| Error::step("write bundle", id, e))?;
 

@@ -156,6 +156,7 @@ pub fn container_config(c: &cri::ContainerConfig) -> Result<ContainerConfig, Err
                 permissions: d.permissions.clone(),
             })
             .collect(),
+        cdi_devices: c.cdi_devices.iter().map(|d| d.name.clone()).collect(),
         labels: sorted(&c.labels),
         annotations: sorted(&c.annotations),
         log_path: c.log_path.clone(),

@@ -229,6 +229,9 @@ struct CtrJson {
     envs: Vec<KvJson>,
     mounts: Vec<MountJson>,
     devices: Vec<DeviceJson>,
+    /// crictl's key (the field's proto name), or the JSON mapping's.
+    #[serde(rename = "CDI_devices", alias = "CDIDevices", alias = "cdi_devices")]
+    cdi_devices: Vec<CdiDeviceJson>,
     labels: HashMap<String, String>,
     annotations: HashMap<String, String>,
     #[serde(alias = "logPath")]
@@ -275,6 +278,12 @@ struct MountJson {
     uid_mappings: Vec<IdMappingJson>,
     #[serde(alias = "gidMappings")]
     gid_mappings: Vec<IdMappingJson>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct CdiDeviceJson {
+    name: String,
 }
 
 #[derive(Deserialize, Default)]
@@ -481,6 +490,11 @@ pub fn container_config(json: &[u8]) -> Result<cri::ContainerConfig, String> {
                 host_path: d.host_path,
                 permissions: d.permissions,
             })
+            .collect(),
+        cdi_devices: c
+            .cdi_devices
+            .into_iter()
+            .map(|d| cri::CdiDevice { name: d.name })
             .collect(),
         labels: c.labels,
         annotations: c.annotations,

@@ -201,11 +201,16 @@ impl RuntimeService for CriService {
     ) -> Result<Response<cri::StatusResponse>, Status> {
         let verbose = req.get_ref().verbose;
         let health = self.call("Status", "", |rt| Ok(rt.health())).await?;
-        Ok(Response::new(health::status_to_cri(
-            health,
-            self.rt.config(),
-            verbose,
-        )))
+        let mut resp = health::status_to_cri(health, self.rt.config(), verbose);
+        if verbose {
+            // The CDI devices containers can ask for, and the spec files not used (why).
+            let (devices, errors) = self.call("Status", "", |rt| Ok(rt.cdi_devices())).await?;
+            resp.info.insert(
+                "cdi".to_string(),
+                serde_json::json!({"devices": devices, "brokenSpecFiles": errors}).to_string(),
+            );
+        }
+        Ok(Response::new(resp))
     }
 
     async fn runtime_config(

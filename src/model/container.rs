@@ -197,6 +197,9 @@ pub struct ContainerConfig {
     pub mounts: Vec<BindMount>,
     /// CRI `devices`: host device nodes made in the container, with cgroup access.
     pub devices: Vec<Device>,
+    /// CRI `CDI_devices`: fully qualified CDI device names (`vendor.com/class=name`), resolved
+    /// against the node's CDI spec files (see [`crate::cdi`]).
+    pub cdi_devices: Vec<String>,
     /// CRI `labels`, which ListContainers' label selector matches.
     pub labels: BTreeMap<String, String>,
     /// CRI `annotations`; also copied into the OCI spec's annotations.
