@@ -6,6 +6,7 @@
 //! of a monitor and a pause process. Run it with `scripts/bench`, which records the result.
 //!
 //! Usage: cargo bench --bench lifecycle -- [--pods N] [--infra yes|no] [--conc C]
+//!        [--driver auto|systemd|cgroupfs]   (the cgroup driver; auto: systemd where it is PID 1)
 //! (`--infra`/`--conc` run one row only; `SANDBOXD_BENCH_LOG=debug` prints the library's
 //! tracing, e.g. each CNI plugin call's duration, to stderr.)
 
@@ -22,6 +23,8 @@ mod floor;
 const SUBNET: &str = "10.254.0.0/22";
 const BRIDGE: &str = "sbbench0";
 const CGROUP_PARENT: &str = "/sandboxd-bench";
+/// The floor's slice under the systemd driver (sandboxd's pods get `sandboxd-bench-pod<id>.slice`).
+const FLOOR_SLICE: &str = "sandboxd-bench.slice";
 
 struct Guard {
     base: PathBuf,
@@ -70,6 +73,11 @@ impl Drop for Guard {
         }
         let _ = std::fs::remove_dir_all(&self.base);
         let _ = sandboxd::cgroups::remove(CGROUP_PARENT);
+        if sandboxd::cgroups::systemd::booted() {
+            for slice in [FLOOR_SLICE, "sandboxd.slice"] {
+                let _ = sandboxd::cgroups::remove(slice);
+            }
+        }
     }
 }
 
@@ -197,12 +205,20 @@ fn rss_kib(pid: &str) -> u64 {
 fn main() {
     let mut pods = 60usize;
     let (mut only_infra, mut only_conc) = (None, None);
+    let mut driver = sandboxd::config::CgroupDriver::Auto;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--pods" => pods = args.next().and_then(|v| v.parse().ok()).expect("--pods N"),
             "--infra" => only_infra = Some(args.next().as_deref() == Some("yes")),
             "--conc" => only_conc = args.next().and_then(|v| v.parse::<usize>().ok()),
+            "--driver" => {
+                driver = match args.next().as_deref() {
+                    Some("systemd") => sandboxd::config::CgroupDriver::Systemd,
+                    Some("cgroupfs") => sandboxd::config::CgroupDriver::Cgroupfs,
+                    _ => sandboxd::config::CgroupDriver::Auto,
+                }
+            }
             _ => {}
         }
     }
@@ -228,7 +244,10 @@ fn main() {
     cfg.default_network.name = "sandboxd-bench".into();
     cfg.default_network.ip_masq = false;
     cfg.cgroup_parent = CGROUP_PARENT.into();
+    cfg.cgroup_driver = driver;
     let rt = Runtime::new(cfg).expect("runtime");
+    let systemd = rt.cgroup_driver() == sandboxd::cgroups::Driver::Systemd;
+    eprintln!("cgroup driver: {:?}", rt.cgroup_driver());
 
     // Warm up (bridge creation, page cache) and measure the idle shims.
     let id = rt.run_pod_sandbox(&pod(0, "warm", true)).unwrap();
@@ -266,7 +285,8 @@ fn main() {
                     bin_dirs: &rt.config().cni_bin_dirs,
                     infra_spec: infra.then_some(&infra_spec),
                     work: &floor_dir,
-                    cgroup_parent: CGROUP_PARENT,
+                    cgroup_parent: if systemd { FLOOR_SLICE } else { CGROUP_PARENT },
+                    systemd,
                 };
                 floors.push((infra, floor::measure(&setup, pods)));
             }

@@ -30,7 +30,11 @@ pub struct Setup<'a> {
     pub infra_spec: Option<&'a Value>,
     /// Scratch dir for bundles and the runtime root.
     pub work: &'a Path,
+    /// A cgroupfs path, or with `systemd` a slice the runtime puts a scope per pod in.
     pub cgroup_parent: &'a str,
+    /// runc drives cgroups through systemd (`--systemd-cgroup`), as sandboxd's handlers do
+    /// under the systemd driver.
+    pub systemd: bool,
 }
 
 /// Runs `cmd` with no stdio at all (the container `runc create` starts inherits it, so a pipe
@@ -136,7 +140,11 @@ pub fn measure(s: &Setup, pods: usize) -> Floor {
                     ns["path"] = Value::String(netns.display().to_string());
                 }
             }
-            spec["linux"]["cgroupsPath"] = Value::String(format!("{}/{name}", s.cgroup_parent));
+            spec["linux"]["cgroupsPath"] = Value::String(if s.systemd {
+                format!("{}:sbfloor:{name}", s.cgroup_parent)
+            } else {
+                format!("{}/{name}", s.cgroup_parent)
+            });
             std::fs::create_dir_all(&bundle).unwrap();
             std::fs::write(
                 bundle.join("config.json"),
@@ -147,6 +155,9 @@ pub fn measure(s: &Setup, pods: usize) -> Floor {
         let log = s.work.join(format!("{name}.log"));
         let runc = |args: &[&str]| {
             let mut c = Command::new("runc");
+            if s.systemd {
+                c.arg("--systemd-cgroup");
+            }
             c.arg("--root")
                 .arg(&runc_root)
                 .arg("--log")
