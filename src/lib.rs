@@ -342,6 +342,9 @@ impl Runtime {
 
     /// PodSandboxStatus; an unknown id is `NotFound`.
     pub fn pod_sandbox_status(&self, id: &str) -> Result<SandboxStatus> {
+        if let Some(entry) = self.lookup(id)? {
+            sandbox::infra::check(&entry);
+        }
         Ok(self.sandbox_record(id)?.status())
     }
 

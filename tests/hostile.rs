@@ -344,3 +344,54 @@ fn unhonourable_security_options_are_refused() {
     rt.remove_pod_sandbox(&sb).unwrap();
     env.assert_no_leaks();
 }
+
+/// A container of a shared-PID pod that ends the pod's infra (PID 1 there: the pause process
+/// exits on SIGTERM) makes the pod NotReady within a second — learned from the monitor's exit
+/// file by the exit watcher, not at the next restart — and CreateContainer in it answers
+/// FailedPrecondition instead of a runtime error about the dead pid's namespaces.
+#[test]
+fn a_dead_infra_makes_the_pod_not_ready_at_once() {
+    let env = Env::new("deadinfra");
+    let rt = std::sync::Arc::new(setup(&env));
+    rt.watch_exits().unwrap();
+    let sb = rt.run_pod_sandbox(&env.pod("deadinfra", true)).unwrap();
+    let infra_pid = rt.pod_sandbox_status(&sb).unwrap().infra_pid.unwrap();
+    let mut c = ctr("killer", "sleep 0.5; kill -TERM 1; exec sleep 1000");
+    c.security.pid = sandboxd::NamespaceMode::Pod;
+    let id = rt.create_container(&sb, &c).unwrap();
+    rt.start_container(&id).unwrap();
+    let listed = |rt: &Runtime| {
+        rt.list_pod_sandboxes(&Default::default())
+            .into_iter()
+            .find(|s| s.id == sb)
+            .unwrap()
+            .state
+    };
+    // The infra is gone, then the watcher (not a query: List does not check) says so.
+    let gone = std::time::Instant::now() + Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{infra_pid}")).exists() {
+        assert!(
+            std::time::Instant::now() < gone,
+            "the pause process did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let died = std::time::Instant::now();
+    while listed(&rt) == sandboxd::SandboxState::Ready {
+        assert!(
+            died.elapsed() < Duration::from_secs(1),
+            "still Ready {:?} after the infra exited",
+            died.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(listed(&rt), sandboxd::SandboxState::NotReady);
+    let e = rt
+        .create_container(&sb, &ctr("late", "sleep 1000"))
+        .unwrap_err();
+    assert!(matches!(e, sandboxd::Error::FailedPrecondition(_)), "{e:?}");
+    // A restart keeps it NotReady; Stop and Remove finish it.
+    rt.stop_pod_sandbox(&sb).unwrap();
+    rt.remove_pod_sandbox(&sb).unwrap();
+    env.assert_no_leaks();
+}

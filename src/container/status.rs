@@ -15,6 +15,9 @@ impl Runtime {
             .spawn(
                 std::sync::Arc::downgrade(self),
                 |rt: &crate::Runtime, id| {
+                    if crate::sandbox::infra::on_watch_event(rt, id) {
+                        return;
+                    }
                     if let Ok(Some(e)) = rt.find_container(id) {
                         refresh(rt, &e);
                     }

@@ -1,9 +1,10 @@
 //! Pod sandbox lifecycle: RunPodSandbox (`run.rs`), StopPodSandbox (`stop.rs`),
 //! RemovePodSandbox (`remove.rs`), UpdatePodSandboxResources (`update.rs`), restore after a
-//! restart (`restore.rs`). The record is
+//! restart (`restore.rs`), the infra process's liveness (`infra.rs`). The record is
 //! written before each resource is acquired and after each step, so a crash at any point
 //! leaves enough on disk to finish or roll back.
 
+pub(crate) mod infra;
 pub(crate) mod remove;
 pub(crate) mod restore;
 pub(crate) mod run;

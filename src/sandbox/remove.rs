@@ -44,6 +44,7 @@ pub(crate) fn teardown(rt: &Runtime, entry: &SandboxEntry, rollback: bool) -> Re
         }
     }
     if rec.infra.is_some() {
+        super::infra::unwatch(rt, &rec.id);
         match rt.handler(&rec.runtime_handler) {
             Ok(runtime) => {
                 let files = ContainerFiles::in_dir(&rec.infra_dir(), None);

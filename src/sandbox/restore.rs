@@ -85,6 +85,8 @@ fn reconcile_ready(rt: &Runtime, entry: &SandboxEntry) {
     if !healthy {
         tracing::warn!(sandbox_id = %rec.id, "sandbox lost its infra process or netns while the daemon was down");
         let _ = entry.update(|r| r.state = SandboxState::NotReady);
+    } else {
+        super::infra::watch(rt, entry);
     }
 }
 

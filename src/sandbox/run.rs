@@ -357,6 +357,7 @@ fn start_infra(
             i.started = true;
         }
     });
+    super::infra::watch(rt, entry);
     failpoint::hit("run:infra-started");
     Ok(())
 }
