@@ -9,11 +9,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::hostile::{ctr, setup};
 use common::*;
 use sandboxd::cgroups::{systemd, Driver};
 use sandboxd::{ContainerConfig, ContainerState, Error, Runtime};
-
-const IMAGE: &str = "sandboxd.test/busybox:latest";
 
 /// The env, or `None` (with the reason printed) where systemd is not the init system.
 fn systemd_env(test: &str) -> Option<Env> {
@@ -22,25 +21,6 @@ fn systemd_env(test: &str) -> Option<Env> {
         return None;
     }
     Some(Env::new(test))
-}
-
-fn setup(env: &Env) -> Runtime {
-    let rt = env.runtime();
-    let layout = busybox::oci_layout(&env.base, IMAGE);
-    rt.images().import(&layout, None).unwrap();
-    rt
-}
-
-fn ctr(name: &str, script: &str) -> ContainerConfig {
-    ContainerConfig {
-        metadata: sandboxd::ContainerMetadata {
-            name: name.into(),
-            attempt: 0,
-        },
-        image: IMAGE.into(),
-        command: vec!["sh".into(), "-c".into(), script.into()],
-        ..Default::default()
-    }
 }
 
 fn run(rt: &Runtime, sandbox: &str, c: &ContainerConfig) -> String {
@@ -371,8 +351,8 @@ fn the_unified_map_is_written_as_is_and_checked() {
 
 /// Pressure stall information under load, on either lane wherever the kernel keeps PSI for
 /// the container's cgroup: a CPU hog held to a fifth of a CPU stalls on cpu; a writer under a
-/// tight memory limit stalls on page reclaim and on writeback; the usage stats are made of
-/// carries those stalls (totals in microseconds, non-zero and growing; their CRI and
+/// tight memory limit stalls on page reclaim and on writeback; the usage that stats are made
+/// of carries those stalls (totals in microseconds, non-zero and growing; their CRI and
 /// Prometheus forms are checked in `cri_v136`).
 #[test]
 fn pressure_stall_totals_grow_under_load() {

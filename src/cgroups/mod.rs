@@ -20,6 +20,11 @@ pub enum Driver {
     Systemd,
 }
 
+/// The last component of a cgroup path (`/a.slice/a-b.slice/` → `a-b.slice`).
+fn last_name(path: &str) -> &str {
+    path.trim_end_matches('/').rsplit('/').next().unwrap_or("")
+}
+
 impl Driver {
     /// The driver `asked` for, here: `auto` is systemd where systemd is the init system.
     pub fn resolve(asked: crate::config::CgroupDriver) -> Result<Driver, String> {
@@ -43,11 +48,7 @@ impl Driver {
         match self {
             Driver::Cgroupfs => format!("{}/pod-{id}", parent.trim_end_matches('/')),
             Driver::Systemd => {
-                let base = parent
-                    .trim_end_matches('/')
-                    .rsplit('/')
-                    .next()
-                    .unwrap_or("");
+                let base = last_name(parent);
                 let stem = base.strip_suffix(".slice").unwrap_or(base);
                 let stem = if stem.is_empty() || stem == "-" {
                     "sandboxd"
@@ -65,11 +66,7 @@ impl Driver {
         match self {
             Driver::Cgroupfs => Ok(parent.trim_end_matches('/').to_string()),
             Driver::Systemd => {
-                let base = parent
-                    .trim_end_matches('/')
-                    .rsplit('/')
-                    .next()
-                    .unwrap_or("");
+                let base = last_name(parent);
                 if systemd::is_slice(base) && systemd::expand_slice(base).is_some() {
                     Ok(base.to_string())
                 } else {

@@ -25,6 +25,10 @@ pub const SCOPE_PREFIX: &str = "sandboxd";
 /// How long a unit may take to appear or go away after its job was queued.
 const UNIT_WAIT: Duration = Duration::from_secs(10);
 
+/// How long one D-Bus call may wait for systemd's answer (a hung systemd costs the CRI call
+/// at most this per try, never a thread for ever).
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Is systemd the init system here (`sd_booted()`: `/run/systemd/system` exists)?
 pub fn booted() -> bool {
     Path::new("/run/systemd/system").is_dir()
@@ -111,7 +115,15 @@ fn slice_properties(l: &PodLimits) -> Vec<(&'static str, zbus::zvariant::Value<'
                 u64::MAX
             }),
         ),
-        ("CPUQuotaPeriodUSec", Value::U64(l.cpu_period.max(1) as u64)),
+        // systemd takes 1 ms..1 s; unset is the kernel's default period.
+        (
+            "CPUQuotaPeriodUSec",
+            Value::U64(if l.cpu_period > 0 {
+                l.cpu_period as u64
+            } else {
+                100_000
+            }),
+        ),
     ];
     if l.cpu_shares > 0 {
         // runc's and kubelet's conversion of shares (2..262144) to weight (1..10000).
@@ -130,7 +142,9 @@ fn bus() -> Result<zbus::blocking::Connection, HostError> {
     if let Some(c) = b.as_ref() {
         return Ok(c.clone());
     }
-    let c = zbus::blocking::Connection::system()
+    let c = zbus::blocking::connection::Builder::system()
+        .map(|b| b.method_timeout(CALL_TIMEOUT))
+        .and_then(|b| b.build())
         .map_err(|e| HostError::Other(format!("systemd: connecting to the system bus: {e}")))?;
     *b = Some(c.clone());
     Ok(c)
@@ -315,13 +329,14 @@ mod tests {
         assert_eq!(get("CPUQuotaPerSecUSec"), Some(Value::U64(500_000)));
         assert_eq!(get("CPUQuotaPeriodUSec"), Some(Value::U64(100_000)));
         assert_eq!(get("CPUWeight"), Some(Value::U64(39)));
-        let none = slice_properties(&PodLimits {
-            cpu_period: 100_000,
-            ..Default::default()
-        });
+        let none = slice_properties(&PodLimits::default());
         assert!(none
             .iter()
             .any(|(n, v)| *n == "MemoryMax" && *v == Value::U64(u64::MAX)));
         assert!(!none.iter().any(|(n, _)| *n == "CPUWeight"));
+        // No period given: the kernel's default, not 1 µs (which systemd would clamp to 1 ms).
+        assert!(none
+            .iter()
+            .any(|(n, v)| *n == "CPUQuotaPeriodUSec" && *v == Value::U64(100_000)));
     }
 }
