@@ -163,6 +163,9 @@ pub struct Config {
     /// Where CDI spec files are read from, in priority order (a device defined in a later dir
     /// wins); containerd's and CRI-O's default.
     pub cdi_spec_dirs: Vec<PathBuf>,
+    /// A pull that makes no progress (no byte, no layer moving on) for this many seconds is
+    /// cancelled, and everyone waiting for it told why; 0: never (containerd's default: 5 min).
+    pub image_pull_progress_timeout: u64,
 }
 
 mod secs {
@@ -239,6 +242,7 @@ impl Default for Config {
             streaming: Default::default(),
             container_storage_root: None,
             cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
+            image_pull_progress_timeout: 300,
         }
     }
 }

@@ -251,3 +251,70 @@ fn pulls_are_bounded() {
     store_empty(&rt);
     env.assert_no_leaks();
 }
+
+/// A registry that stalls (one byte every 5 s) no longer holds a pull, its threads and its
+/// waiters for ever: with no progress for `image_pull_progress_timeout` seconds the pull is
+/// cancelled with DeadlineExceeded saying so, and nothing of it is left (no pull in flight,
+/// no temp file). A slow pull that keeps moving finishes, though it takes longer than that.
+#[test]
+fn a_stalled_pull_is_cancelled_a_slow_one_is_not() {
+    use common::fake_registry::{Answer, FakeRegistry};
+    let env = Env::new("hostile-stall");
+    let mut cfg = env.cfg.clone();
+    cfg.image_pull_progress_timeout = 2;
+    let rt = sandboxd::Runtime::new(cfg).unwrap();
+    let (layer, config) = busybox::gzip_layer_and_config();
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": busybox::sha(&config), "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": busybox::sha(&layer), "size": layer.len()}],
+    }))
+    .unwrap();
+    let (cfg_digest, layer_digest) = (busybox::sha(&config), busybox::sha(&layer));
+    let chunk = layer.len() / 8 + 1;
+    let fake = FakeRegistry::start(move |path| {
+        if path.ends_with("/manifests/1") {
+            Some(Answer::json(
+                manifest.clone(),
+                "application/vnd.oci.image.manifest.v1+json",
+            ))
+        } else if path.ends_with(&format!("/blobs/{cfg_digest}")) {
+            Some(Answer::json(config.clone(), "application/octet-stream"))
+        } else if path.ends_with(&format!("/blobs/{layer_digest}")) {
+            let mut a = Answer::json(layer.clone(), "application/octet-stream");
+            a.pace = Some(if path.starts_with("/v2/x/stall/") {
+                (1, Duration::from_secs(5))
+            } else {
+                // Eight steps 400 ms apart: 3.2 s in all, never 2 s without a byte.
+                (chunk, Duration::from_millis(400))
+            });
+            Some(a)
+        } else {
+            None
+        }
+    });
+    let t = std::time::Instant::now();
+    let e = rt
+        .pull_image(&format!("{}/x/stall:1", fake.addr), &Default::default())
+        .unwrap_err();
+    assert!(matches!(e, sandboxd::Error::DeadlineExceeded(_)), "{e:?}");
+    assert!(e.to_string().contains("no progress for 2 s"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert!(rt.images().pulls.is_empty(), "a pull is still in flight");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !list_names(&rt.images().dir.join("tmp")).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "temp files left: {:?}",
+            list_names(&rt.images().dir.join("tmp"))
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(rt.images().list().is_empty());
+
+    let t = std::time::Instant::now();
+    rt.pull_image(&format!("{}/x/slow:1", fake.addr), &Default::default())
+        .unwrap();
+    assert!(t.elapsed() > Duration::from_secs(2), "{:?}", t.elapsed());
+    env.assert_no_leaks();
+}

@@ -97,6 +97,21 @@ impl PullProgress {
         v
     }
 
+    /// Changes whenever the pull moves: the manifest resolved, bytes arrived, a layer's
+    /// state changed.
+    pub fn fingerprint(&self) -> (usize, u64, u64) {
+        let layers = crate::lock(&self.layers);
+        let received = layers
+            .iter()
+            .map(|l| l.received.load(Ordering::Relaxed))
+            .sum();
+        let states = layers
+            .iter()
+            .map(|l| l.state.load(Ordering::Relaxed) as u64)
+            .sum();
+        (layers.len(), received, states)
+    }
+
     /// What a client sees.
     pub fn snapshot(&self) -> Snapshot {
         let layers = crate::lock(&self.layers)

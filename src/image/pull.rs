@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -156,12 +156,15 @@ fn to_error(image: &str, e: RegistryError) -> Error {
     }
 }
 
-/// Pulls `image` into `store`, tagging it with the normalized reference.
+/// Pulls `image` into `store`, tagging it with the normalized reference. A pull that makes no
+/// progress for `progress_timeout` (zero: no limit) is cancelled: the transfers are dropped,
+/// the unpackers see their input end and clean up, and the error says why.
 pub async fn pull(
     store: &ImageStore,
     image: &str,
     auth: &Auth,
     registries: &BTreeMap<String, RegistryConfig>,
+    progress_timeout: Duration,
 ) -> Result<(ImageRecord, u64)> {
     let r = Reference::parse(image)?;
     let ca = match registries.get(&r.domain).and_then(|c| c.ca_file.as_ref()) {
@@ -171,11 +174,65 @@ pub async fn pull(
     };
     let started = Instant::now();
     let tracked = store.pulls.begin(&r.full());
+    let work = pull_endpoints(
+        store,
+        &tracked.progress,
+        &r,
+        image,
+        auth,
+        registries,
+        &ca,
+        started,
+    );
+    if progress_timeout.is_zero() {
+        return work.await;
+    }
+    tokio::select! {
+        r = work => r,
+        () = stalled(&tracked.progress, progress_timeout) => {
+            tracing::warn!(image = %r.full(), seconds = progress_timeout.as_secs(), "pull made no progress: cancelled");
+            Err(Error::DeadlineExceeded(format!(
+                "pull of {image}: no progress for {} s (image_pull_progress_timeout); cancelled",
+                progress_timeout.as_secs()
+            )))
+        }
+    }
+}
+
+/// Returns once `progress` has not moved for `limit`.
+async fn stalled(progress: &PullProgress, limit: Duration) {
+    let tick = (limit / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let mut last = progress.fingerprint();
+    let mut since = Instant::now();
+    loop {
+        tokio::time::sleep(tick).await;
+        let now = progress.fingerprint();
+        if now != last {
+            last = now;
+            since = Instant::now();
+        } else if since.elapsed() >= limit {
+            return;
+        }
+    }
+}
+
+/// Tries each endpoint in turn (mirrors first).
+#[allow(clippy::too_many_arguments)] // the pull's parts, each used once
+async fn pull_endpoints(
+    store: &ImageStore,
+    progress: &PullProgress,
+    r: &Reference,
+    image: &str,
+    auth: &Auth,
+    registries: &BTreeMap<String, RegistryConfig>,
+    ca: &[u8],
+    started: Instant,
+) -> Result<(ImageRecord, u64)> {
     let mut last: Option<Error> = None;
     let mut tried = Vec::new();
-    for (host, http) in endpoints(&r, registries) {
+    for (host, http) in endpoints(r, registries) {
         let creds = auth.for_endpoint(&host, &r.domain);
-        match pull_from(store, &tracked.progress, &r, &host, http, creds, &ca).await {
+        match pull_from(store, progress, r, &host, http, creds, ca).await {
             Ok((rec, bytes)) => {
                 let secs = started.elapsed().as_secs_f64();
                 tracing::info!(

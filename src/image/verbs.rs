@@ -24,7 +24,13 @@ impl Runtime {
         let cell = lock(&self.pulls).entry(key.clone()).or_default().clone();
         let out = cell.get_or_init(|| {
             let started = std::time::Instant::now();
-            let fut = image::pull::pull(&self.images, image, auth, &self.cfg.registries);
+            let fut = image::pull::pull(
+                &self.images,
+                image,
+                auth,
+                &self.cfg.registries,
+                std::time::Duration::from_secs(self.cfg.image_pull_progress_timeout),
+            );
             let r = match tokio::runtime::Handle::try_current() {
                 Ok(h) => h.block_on(fut),
                 Err(_) => tokio::runtime::Builder::new_multi_thread()
