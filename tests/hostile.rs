@@ -395,3 +395,53 @@ fn a_dead_infra_makes_the_pod_not_ready_at_once() {
     rt.remove_pod_sandbox(&sb).unwrap();
     env.assert_no_leaks();
 }
+
+/// An image's `WorkingDir` (used when the container names none) is held to what the CRI's
+/// `working_dir` is: relative or with `..` it is refused naming the image, before anything is
+/// made; an absolute one is where the process starts.
+#[test]
+fn an_images_working_dir_is_checked_like_the_cris() {
+    let env = Env::new("imgcwd");
+    let rt = setup(&env);
+    let sb = rt.run_pod_sandbox(&env.pod("imgcwd", false)).unwrap();
+    for (tag, dir) in [("rel", "srv/app"), ("up", "/srv/../../etc"), ("ok", "/srv")] {
+        let name = format!("sandboxd.test/cwd:{tag}");
+        let layout = busybox::oci_layout_configured(
+            &env.base,
+            &name,
+            &[],
+            serde_json::json!({"WorkingDir": dir}),
+        );
+        rt.images().import(&layout, None).unwrap();
+        let mut c = ctr(tag, "pwd; sleep 1000");
+        c.image = name.clone();
+        let r = rt.create_container(&sb, &c);
+        if tag == "ok" {
+            let id = r.unwrap();
+            rt.start_container(&id).unwrap();
+            let out = rt
+                .exec_sync(
+                    &id,
+                    &["sh".into(), "-c".into(), "pwd".into()],
+                    Duration::from_secs(10),
+                )
+                .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                "/srv",
+                "{out:?}"
+            );
+        } else {
+            let e = r.unwrap_err();
+            assert!(
+                matches!(e, sandboxd::Error::InvalidArgument(_))
+                    && e.to_string().contains("WorkingDir")
+                    && e.to_string().contains(&name),
+                "{e:?}"
+            );
+        }
+    }
+    assert_eq!(rt.list_containers(&Default::default()).len(), 1);
+    rt.remove_pod_sandbox(&sb).unwrap();
+    env.assert_no_leaks();
+}

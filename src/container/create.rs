@@ -40,6 +40,14 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
             config.image
         )));
     }
+    // The image's WorkingDir (used when the config names none) is held to what the CRI's
+    // `working_dir` is: absolute, without `.` or `..`.
+    if config.working_dir.is_empty() && !image.config.working_dir.is_empty() {
+        spec::clean_abs(
+            &format!("image {:?} config WorkingDir", config.image),
+            &image.config.working_dir,
+        )?;
+    }
     // Image volumes: pulled beforehand by kubelet, resolved now, kept while the container is.
     let mut resolved = config.clone();
     let mut layers = image.layers.clone();

@@ -17,6 +17,7 @@ use super::{ContainerConfig, Propagation};
 use crate::error::{Error, Result};
 use crate::image::ExecConfig;
 use crate::oci::spec::{DEFAULT_CAPABILITIES, DEFAULT_PATH};
+pub(crate) use validate::clean_abs;
 use validate::invalid;
 
 pub use seccomp::{

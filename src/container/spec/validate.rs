@@ -11,7 +11,7 @@ pub(super) fn invalid(msg: String) -> Error {
     Error::InvalidArgument(msg)
 }
 
-fn clean_abs(field: &str, p: &str) -> Result<()> {
+pub(crate) fn clean_abs(field: &str, p: &str) -> Result<()> {
     let path = Path::new(p);
     if !path.is_absolute()
         || path
