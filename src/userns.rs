@@ -453,6 +453,7 @@ pub fn probe(scratch: &Path) -> Result<(), String> {
 /// every other dir under the root stays 0700.
 pub fn pod_root_dir(root: &Path, id: &str, owner: (u32, u32)) -> Result<PathBuf, HostError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let _modes = crate::lock(&ROOT_MODES);
     let parent = root.join(DIR);
     for d in [root, &parent] {
         match std::fs::DirBuilder::new().mode(0o711).create(d) {
@@ -477,6 +478,28 @@ pub fn pod_root_dir(root: &Path, id: &str, owner: (u32, u32)) -> Result<PathBuf,
 
 /// The dir under the state root that holds the pods' user-namespace mount dirs.
 pub const DIR: &str = "userns";
+
+/// Held while a dir under `userns/` is made or removed and the root's mode follows: a root
+/// made 0700 again must never catch a pod whose dir exists.
+static ROOT_MODES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Removes `<root>/userns/<id>` (a pod's or a container's); when it was the last one, the
+/// state root and `userns/` go back to 0700 — listable and traversable by root only, as
+/// before the first pod in a user namespace — not at the next restart.
+pub fn remove_pod_root_dir(root: &Path, id: &str) -> Result<(), HostError> {
+    use std::os::unix::fs::PermissionsExt;
+    let _modes = crate::lock(&ROOT_MODES);
+    let parent = root.join(DIR);
+    crate::state::remove_record_dir(&parent.join(id))?;
+    let empty = std::fs::read_dir(&parent).is_ok_and(|mut d| d.next().is_none());
+    if empty {
+        for d in [&parent, &root.to_path_buf()] {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| HostError::io("chmod", d, e))?;
+        }
+    }
+    Ok(())
+}
 
 /// At start-up: the state root stays traversable (0711) while pods in user namespaces have
 /// mount dirs under it; otherwise it is 0700 like everything else.

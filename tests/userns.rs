@@ -206,7 +206,12 @@ fn user_namespaces_in_pods() {
         out.contains(&HOST.to_string()) && out.contains("/pause"),
         "{out}"
     );
+    // The state root is traversable (not listable) while a pod in a user namespace has its
+    // dirs under it, and root's alone again once the last one is gone — not at a restart.
+    let root_mode = || std::fs::metadata(&env.cfg.root).unwrap().mode() & 0o777;
+    assert_eq!(root_mode(), 0o711);
     remove_pod(&rt, &mut c, &sb);
+    assert_eq!(root_mode(), 0o700);
 
     // Refused: modes a user namespace cannot have, several ranges, container id 0 unmapped,
     // the host's root mapped in, host namespaces.

@@ -43,8 +43,7 @@ fn finish_quarantined(rt: &Runtime, id: &str) -> Result<()> {
     if let Err(e) = crate::mounts::unmount_all(&dir.join("rootfs")) {
         errors.push(Error::step("unmount rootfs", id, e));
     }
-    let userns_dir = rt.cfg.root.join(crate::userns::DIR).join(id);
-    if let Err(e) = crate::state::remove_record_dir(&userns_dir) {
+    if let Err(e) = crate::userns::remove_pod_root_dir(&rt.cfg.root, id) {
         errors.push(Error::step("remove user-namespace mount dir", id, e));
     }
     let short = &id[..16];

@@ -70,8 +70,7 @@ pub(crate) fn teardown(rt: &Runtime, entry: &SandboxEntry, rollback: bool) -> Re
         }
     }
     if rec.userns.is_some() {
-        let d = rt.cfg.root.join(crate::userns::DIR).join(&rec.id);
-        if let Err(e) = crate::state::remove_record_dir(&d) {
+        if let Err(e) = crate::userns::remove_pod_root_dir(&rt.cfg.root, &rec.id) {
             errors.push(Error::step("remove user-namespace mount dir", &rec.id, e));
         }
     }
