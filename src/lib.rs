@@ -342,8 +342,14 @@ impl Runtime {
 
     /// PodSandboxStatus; an unknown id is `NotFound`.
     pub fn pod_sandbox_status(&self, id: &str) -> Result<SandboxStatus> {
-        if let Some(entry) = self.lookup(id)? {
-            sandbox::infra::check(&entry);
+        match self.lookup(id)? {
+            Some(entry) => sandbox::infra::check(&entry),
+            None => {
+                let q = lock(&self.quarantine).sandboxes.clone();
+                if let Some(full) = state::Quarantine::find(&q, id) {
+                    return Ok(self.quarantined_status(&full, &q[&full]));
+                }
+            }
         }
         Ok(self.sandbox_record(id)?.status())
     }
@@ -357,8 +363,60 @@ impl Runtime {
             .filter(|r| filter.matches(r))
             .map(|r| r.status())
             .collect();
+        // Quarantined pods too, NotReady with what is known, so that kubelet's garbage
+        // collector removes them (RemovePodSandbox finishes their teardown).
+        let quarantined = lock(&self.quarantine).sandboxes.clone();
+        out.extend(
+            quarantined
+                .iter()
+                .filter(|(id, _)| {
+                    filter
+                        .id_prefix
+                        .as_ref()
+                        .is_none_or(|p| id.starts_with(p.as_str()))
+                        && filter.state.is_none_or(|s| s == SandboxState::NotReady)
+                        && filter.labels.is_empty()
+                })
+                .map(|(id, why)| self.quarantined_status(id, why)),
+        );
         out.sort_by_key(|s| (s.created_at, s.id.clone()));
         out
+    }
+
+    /// What is known of a quarantined sandbox (its record unreadable): NotReady, the pod's
+    /// name, namespace and uid from its CNI attachment (kept apart from the record), created
+    /// when its dir was, and why in the annotation `io.sandboxd.quarantined`.
+    fn quarantined_status(&self, id: &str, why: &str) -> SandboxStatus {
+        let att = self.cni.load_cache(id).map(|c| c.attachment);
+        let created_at = std::fs::metadata(self.cfg.root.join("sandboxes").join(id))
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos() as i64);
+        SandboxStatus {
+            id: id.to_string(),
+            metadata: PodSandboxMetadata {
+                name: att.as_ref().map(|a| a.pod_name.clone()).unwrap_or_default(),
+                namespace: att
+                    .as_ref()
+                    .map(|a| a.pod_namespace.clone())
+                    .unwrap_or_default(),
+                uid: att.as_ref().map(|a| a.pod_uid.clone()).unwrap_or_default(),
+                attempt: 0,
+            },
+            state: SandboxState::NotReady,
+            created_at,
+            ips: Vec::new(),
+            netns_path: None,
+            namespace_options: Default::default(),
+            labels: Default::default(),
+            annotations: [("io.sandboxd.quarantined".to_string(), why.to_string())].into(),
+            runtime_handler: String::new(),
+            infra_mode: sandbox::InfraMode::Pinned,
+            infra_pid: None,
+            network_error: None,
+            user_namespace: None,
+        }
     }
 
     /// Records found unreadable at start-up, one line each (`sandbox <id>: <why>`): nothing

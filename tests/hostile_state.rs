@@ -148,8 +148,10 @@ fn sandboxd_layer(root: &Path) -> PathBuf {
 
 /// A record that cannot be read at start-up is quarantined: nothing it may own is collected
 /// (the old code removed its netns, infra, containers and veth but ran no CNI DEL, leaking its
-/// address and shm), Status says so, and removing it by id finishes its teardown with DEL
-/// from the attachment kept on its own. (Issue item: corrupt records.)
+/// address and shm), Status says so, the pod is listed NotReady with what is known (so
+/// kubelet's garbage collector removes it), and removing it by id finishes its teardown with
+/// DEL from the attachment kept on its own. (Issue items: corrupt records; a quarantined pod
+/// hidden from kubelet.)
 #[test]
 fn corrupt_records_are_quarantined_and_finished_by_id() {
     use sandboxd::api::v1::runtime_service_server::RuntimeService;
@@ -182,12 +184,37 @@ fn corrupt_records_are_quarantined_and_finished_by_id() {
     .unwrap();
 
     let rt = std::sync::Arc::new(env.runtime());
-    let listed: Vec<String> = rt
+    // A is listed NotReady with what is known (the pod's names from its CNI attachment), so
+    // kubelet's garbage collector removes it; B as it is.
+    let listed: Vec<(String, sandboxd::SandboxState, String)> = rt
         .list_pod_sandboxes(&Default::default())
         .into_iter()
-        .map(|s| s.id)
+        .map(|s| (s.id, s.state, s.metadata.uid))
         .collect();
-    assert_eq!(listed, vec![b.clone()]);
+    assert!(
+        listed.contains(&(
+            b.clone(),
+            sandboxd::SandboxState::Ready,
+            rt.sandbox_record(&b).unwrap().config.metadata.uid
+        )) && listed.contains(&(
+            a.clone(),
+            sandboxd::SandboxState::NotReady,
+            rec_a.config.metadata.uid.clone()
+        )) && listed.len() == 2,
+        "{listed:?}"
+    );
+    let st = rt.pod_sandbox_status(&a[..12]).unwrap();
+    assert_eq!(st.state, sandboxd::SandboxState::NotReady);
+    assert_eq!(st.metadata.name, "qa");
+    assert!(
+        st.annotations["io.sandboxd.quarantined"].contains("unreadable"),
+        "{st:?}"
+    );
+    let ready = sandboxd::SandboxFilter {
+        state: Some(sandboxd::SandboxState::Ready),
+        ..Default::default()
+    };
+    assert_eq!(rt.list_pod_sandboxes(&ready).len(), 1);
     let q = rt.quarantined();
     assert!(
         q.len() == 2 && q.iter().any(|l| l.contains(&a)) && q.iter().any(|l| l.contains(&b2)),
@@ -231,6 +258,7 @@ fn corrupt_records_are_quarantined_and_finished_by_id() {
     rt.remove_pod_sandbox(&a).unwrap();
     rt.remove_container(&b2[..12]).unwrap();
     assert!(rt.quarantined().is_empty());
+    assert_eq!(rt.list_pod_sandboxes(&Default::default()).len(), 1);
     assert_eq!(env.ipam_reservations().len(), 1);
     assert_eq!(
         rt.container_status(&b1).unwrap().state,
