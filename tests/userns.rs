@@ -119,6 +119,43 @@ fn user_namespaces_in_pods() {
     ], "linux": {"security_context": {"namespace_options": {"userns_options": userns}}}});
     let id = create(&rt, &mut c, &sb, &p, ctr("u", &["sleep", "1000"], mounts)).unwrap();
     start(&rt, &mut c, &id);
+    // A volume's id-maps are the pod's own: others, or any in a pod without a user namespace
+    // (they would let a container write the volume as another node uid), are refused.
+    let other = serde_json::json!([{"host_id": HOST + 65536, "container_id": 0, "length": 65536}]);
+    let e = create(
+        &rt,
+        &mut c,
+        &sb,
+        &p,
+        ctr(
+            "other-maps",
+            &["true"],
+            serde_json::json!({"mounts": [{"container_path": "/m", "host_path": mapped,
+                "uid_mappings": other, "gid_mappings": other}],
+                "linux": {"security_context": {"namespace_options": {"userns_options": userns}}}}),
+        ),
+    )
+    .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("pod's user namespace maps"), "{e:?}");
+    let plain_pod = pod("no-userns", serde_json::json!({}));
+    let psb = run_pod(&rt, &mut c, &plain_pod);
+    let e = create(
+        &rt,
+        &mut c,
+        &psb,
+        &plain_pod,
+        ctr(
+            "mapped-no-userns",
+            &["true"],
+            serde_json::json!({"mounts": [{"container_path": "/m", "host_path": mapped,
+                "uid_mappings": map, "gid_mappings": map}]}),
+        ),
+    )
+    .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("has none"), "{e:?}");
+    remove_pod(&rt, &mut c, &psb);
     let out = exec(
         &rt,
         &mut c,

@@ -429,10 +429,24 @@ fn check_user_namespace(sb: &SandboxRecord, c: &ContainerConfig) -> Result<()> {
     }
     for m in &c.mounts {
         if let Some(map) = &m.idmap {
-            map.check(&format!(
-                "mounts[{}].uid_mappings/gid_mappings",
-                m.container_path
-            ))?;
+            let field = format!("mounts[{}].uid_mappings/gid_mappings", m.container_path);
+            map.check(&field)?;
+            // kubelet sends the pod's own maps. Others — or any, in a pod without a user
+            // namespace — would let a container write the volume as another node uid (its
+            // uid 1000 as the node's root, say).
+            match &sb.config.user_namespace {
+                None => {
+                    return Err(Error::InvalidArgument(format!(
+                        "{field}: an idmapped mount needs the pod's own user namespace, and this pod has none"
+                    )))
+                }
+                Some(pod) if pod != map => {
+                    return Err(Error::InvalidArgument(format!(
+                        "{field}: a volume's id-maps must be its pod's user namespace maps"
+                    )))
+                }
+                Some(_) => {}
+            }
         }
     }
     Ok(())
