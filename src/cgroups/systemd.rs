@@ -206,13 +206,18 @@ fn failed(op: &str, unit: &str, e: zbus::Error) -> HostError {
     HostError::Other(format!("systemd: {op} {unit}: {e}"))
 }
 
+/// Does the cgroup at cgroupfs path `path` exist in any hierarchy?
+fn cgroup_exists(path: &str) -> bool {
+    super::hierarchies()
+        .iter()
+        .any(|h| super::join(&h.mount_point, path).is_dir())
+}
+
 /// Waits until the cgroup of `unit` (at cgroupfs path `path`) exists (`present`) or is gone.
 fn wait_cgroup(unit: &str, path: &str, present: bool) -> Result<(), HostError> {
     let deadline = Instant::now() + UNIT_WAIT;
     loop {
-        let exists = super::hierarchies()
-            .iter()
-            .any(|h| super::join(&h.mount_point, path).is_dir());
+        let exists = cgroup_exists(path);
         if exists == present {
             return Ok(());
         }
@@ -258,8 +263,14 @@ pub fn set_slice(name: &str, l: &PodLimits) -> Result<(), HostError> {
 }
 
 /// Stops `unit` (a slice stops every unit in it) and waits until its cgroup is gone; a unit
-/// systemd does not know is already stopped.
+/// systemd does not know is already stopped, and so is one without a cgroup (an active unit
+/// always has one): a pod slice no process ever needed — a pod without an infra process or
+/// containers — costs no D-Bus call, and systemd no stop job (whose loading of the implicit
+/// slice unit and journal lines slowed everything beside it).
 pub fn stop(unit: &str, path: &str) -> Result<(), HostError> {
+    if !cgroup_exists(path) {
+        return Ok(());
+    }
     match call("StopUnit", &(unit, "replace")) {
         Ok(()) => {}
         Err(e) if error_name(&e).as_deref() == Some("org.freedesktop.systemd1.NoSuchUnit") => {}
