@@ -57,15 +57,11 @@ impl Registry {
         }
     }
 
-    /// Every resolvable device (qualified name) with the file that defines it.
-    pub fn devices(&self) -> BTreeMap<String, String> {
+    /// Every resolvable device (qualified name → the file that defines it), and the spec
+    /// files that could not be used (file → why), from one reading.
+    pub fn listing(&self) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
         let l = self.refreshed();
-        l.sources.clone()
-    }
-
-    /// Spec files that could not be used, with why.
-    pub fn errors(&self) -> BTreeMap<String, String> {
-        self.refreshed().errors.clone()
+        (l.sources.clone(), l.errors.clone())
     }
 
     /// Fails (InvalidArgument) unless every name resolves.
@@ -345,10 +341,9 @@ mod tests {
         write(&run, "b.yaml", "cdiVersion: [not a spec");
         write(&run, "c.txt", "ignored");
         let r = Registry::new(vec![etc.clone(), run.clone()]);
-        assert_eq!(r.devices().keys().collect::<Vec<_>>(), ["acme.com/gpu=g0"]);
-        assert!(r
-            .errors()
-            .contains_key(&run.join("b.yaml").display().to_string()));
+        let (devices, errors) = r.listing();
+        assert_eq!(devices.keys().collect::<Vec<_>>(), ["acme.com/gpu=g0"]);
+        assert!(errors.contains_key(&run.join("b.yaml").display().to_string()));
         let mut spec = oci_spec::runtime::Spec::default();
         r.inject(&["acme.com/gpu=g0".into()], &mut spec).unwrap();
         let env = spec.process().as_ref().unwrap().env().clone().unwrap();
@@ -377,8 +372,9 @@ mod tests {
             "b.yaml",
             &spec_file("acme.com/nic", "n1", "/dev/acme1", "N=1"),
         );
-        assert!(r.devices().contains_key("acme.com/nic=n1"));
-        assert!(r.errors().is_empty());
+        let (devices, errors) = r.listing();
+        assert!(devices.contains_key("acme.com/nic=n1"));
+        assert!(errors.is_empty());
         std::fs::remove_dir_all(&t).unwrap();
     }
 

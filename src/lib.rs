@@ -316,7 +316,7 @@ impl Runtime {
     /// The CDI devices containers can ask for (qualified name → spec file), and the spec
     /// files that could not be used (file → why).
     pub fn cdi_devices(&self) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
-        (self.cdi.devices(), self.cdi.errors())
+        self.cdi.listing()
     }
 
     /// A pod's cgroup as the daemon names it: a path (cgroupfs) or a slice (systemd; its
@@ -342,16 +342,18 @@ impl Runtime {
 
     /// PodSandboxStatus; an unknown id is `NotFound`.
     pub fn pod_sandbox_status(&self, id: &str) -> Result<SandboxStatus> {
-        match self.lookup(id)? {
-            Some(entry) => sandbox::infra::check(&entry),
-            None => {
-                let q = lock(&self.quarantine).sandboxes.clone();
-                if let Some(full) = state::Quarantine::find(&q, id) {
-                    return Ok(self.quarantined_status(&full, &q[&full]));
-                }
-            }
+        if let Some(entry) = self.lookup(id)? {
+            sandbox::infra::check_unwatched(self, &entry);
+            return Ok(lock(&entry.record).status());
         }
-        Ok(self.sandbox_record(id)?.status())
+        let q = lock(&self.quarantine).sandboxes.clone();
+        match state::Quarantine::find(&q, id) {
+            Some(full) => Ok(self.quarantined_status(&full, &q[&full])),
+            None => Err(Error::NotFound {
+                kind: "sandbox",
+                id: id.to_string(),
+            }),
+        }
     }
 
     /// ListPodSandbox, oldest first.

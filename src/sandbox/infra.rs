@@ -6,7 +6,8 @@
 //!
 //! Learned the way container exits are: the exit watcher watches the infra dir for the
 //! monitor's exit file (and its sweep calls [`check`] for every watched sandbox, which also
-//! catches a monitor killed before it could write one); PodSandboxStatus checks too.
+//! catches a monitor killed before it could write one); PodSandboxStatus checks where the
+//! watcher does not run.
 
 use crate::model::sandbox::SandboxState;
 use crate::oci::ContainerFiles;
@@ -43,6 +44,15 @@ pub(crate) fn on_watch_event(rt: &Runtime, key: &str) -> bool {
     true
 }
 
+/// [`check`], for a query: only where the exit watcher does not already (a library user that
+/// never started it), so that PodSandboxStatus stays a read of memory in the daemon.
+pub(crate) fn check_unwatched(rt: &Runtime, entry: &SandboxEntry) {
+    let id = lock(&entry.record).id.clone();
+    if !rt.exit_watch.covers(&key(&id)) {
+        check(entry);
+    }
+}
+
 /// Makes a Ready sandbox whose infra is gone NotReady (persisted; logged with how it ended).
 /// Only the record lock is taken: a StopPodSandbox in progress (which holds the op lock and
 /// ends the infra itself) is not waited for.
@@ -54,16 +64,15 @@ pub(crate) fn check(entry: &SandboxEntry) {
     if rec.state != SandboxState::Ready || !infra.started || infra.stopped {
         return;
     }
-    let files = ContainerFiles::in_dir(&rec.infra_dir(), None);
-    let exited = files.exit_file.exists();
-    let gone = exited
+    let exit = ContainerFiles::in_dir(&rec.infra_dir(), None).exit();
+    let gone = exit.is_some()
         || (infra.pid > 0
             && nix::sys::signal::kill(nix::unistd::Pid::from_raw(infra.pid), None)
                 == Err(nix::errno::Errno::ESRCH));
     if !gone {
         return;
     }
-    let how = match files.exit() {
+    let how = match exit {
         Some(e) => format!("exit code {}, signal {:?}", e.exit_code, e.signal),
         None => "its monitor left no exit status".to_string(),
     };

@@ -58,18 +58,18 @@ impl OomWatch {
     }
 }
 
+/// Where the unified (v2) hierarchy is mounted, by the places systemd and every distribution
+/// mount it — `/sys/fs/cgroup` (pure v2) or `/sys/fs/cgroup/unified` (hybrid, where it holds
+/// no memory controller and nothing is watched). Its root alone has `cgroup.controllers`.
+/// (Not from mountinfo: a monitor starts with every container, and on a node of a thousand
+/// pods that table is thousands of lines.)
+const UNIFIED_MOUNTS: [&str; 2] = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"];
+
 /// `<unified mount>/<pid's v2 cgroup>/memory.events`.
 fn events_path(pid: i32) -> Option<PathBuf> {
-    let mut mountinfo = String::new();
-    File::open("/proc/self/mountinfo")
-        .ok()?
-        .take(1 << 20)
-        .read_to_string(&mut mountinfo)
-        .ok()?;
-    let mount = mountinfo.lines().find_map(|l| {
-        let (pre, post) = l.split_once(" - ")?;
-        (post.split(' ').next() == Some("cgroup2")).then(|| pre.split(' ').nth(4))?
-    })?;
+    let mount = UNIFIED_MOUNTS
+        .into_iter()
+        .find(|m| std::path::Path::new(m).join("cgroup.controllers").exists())?;
     let mut cgroups = String::new();
     File::open(format!("/proc/{pid}/cgroup"))
         .ok()?
