@@ -138,8 +138,9 @@ pub(crate) fn teardown(rt: &Runtime, entry: &ContainerEntry) -> Result<()> {
     if let Err(e) = crate::mounts::unmount_all(&rec.rootfs()) {
         errors.push(Error::step("unmount rootfs", &rec.id, e));
     }
-    if let Some(d) = &rec.userns_dir {
-        if let Err(e) = crate::state::remove_record_dir(d) {
+    if rec.userns_dir.is_some() {
+        // `<root>/userns/<id>`, removed where the root's mode follows.
+        if let Err(e) = crate::userns::remove_pod_root_dir(&rt.cfg.root, &rec.id) {
             errors.push(Error::step("remove user-namespace mount dir", &rec.id, e));
         }
     }

@@ -38,14 +38,36 @@ pub struct Resources {
 
 /// The most entries of `unified` one container may ask for.
 pub const MAX_UNIFIED: usize = 64;
+/// The most huge page sizes one container may limit (x86 has 2, arm64 4).
+pub const MAX_HUGEPAGE_LIMITS: usize = 8;
 
 impl Resources {
     /// Refuses what no cgroup write should carry out: a `unified` key that is not a plain
     /// `<controller>.<file>` name (no path, no `cgroup.*` core file: membership and
     /// delegation stay the runtime's), a value with a newline or NUL, more than
     /// [`MAX_UNIFIED`] entries, or `unified` at all on a host without the pure cgroup v2
-    /// hierarchy (`v2` false), where the runtime cannot write it.
+    /// hierarchy (`v2` false), where the runtime cannot write it. Huge page limits: at most
+    /// [`MAX_HUGEPAGE_LIMITS`], each size once, named as kubelet names them (`2MB`, `1GB`:
+    /// the runtime makes a cgroup file name of it).
     pub fn check(&self, v2: bool) -> Result<(), String> {
+        if self.hugepage_limits.len() > MAX_HUGEPAGE_LIMITS {
+            return Err(format!(
+                "hugepage_limits: {} entries (at most {MAX_HUGEPAGE_LIMITS})",
+                self.hugepage_limits.len()
+            ));
+        }
+        for (i, (size, _)) in self.hugepage_limits.iter().enumerate() {
+            let digits = size.trim_end_matches(['K', 'M', 'G', 'B']);
+            let unit = &size[digits.len()..];
+            let named = (1..=6).contains(&digits.len())
+                && digits.bytes().all(|b| b.is_ascii_digit())
+                && matches!(unit, "KB" | "MB" | "GB");
+            if !named || self.hugepage_limits[..i].iter().any(|(s, _)| s == size) {
+                return Err(format!(
+                    "hugepage_limits: page size {size:?} is not a size like \"2MB\" given once"
+                ));
+            }
+        }
         if self.unified.is_empty() {
             return Ok(());
         }
@@ -79,5 +101,29 @@ impl Resources {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn huge_page_limits_are_sizes_named_once() {
+        let with = |sizes: &[&str]| Resources {
+            hugepage_limits: sizes.iter().map(|s| (s.to_string(), 1 << 21)).collect(),
+            ..Default::default()
+        };
+        assert!(with(&["2MB", "1GB", "64KB"]).check(false).is_ok());
+        for bad in [
+            &["2MiB"][..],
+            &["../2MB"],
+            &["MB"],
+            &["1234567MB"],
+            &["2MB", "2MB"],
+            &["2MB"; 9],
+        ] {
+            assert!(with(bad).check(true).is_err(), "{bad:?}");
+        }
     }
 }
