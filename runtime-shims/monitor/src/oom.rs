@@ -7,7 +7,7 @@ use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::PathBuf;
+use std::path::Path;
 
 /// The counters of `memory.events` the exit file carries.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -25,21 +25,38 @@ pub struct OomWatch {
 }
 
 impl OomWatch {
-    /// Watches the v2 cgroup `pid` is in (`None` without the unified hierarchy, its memory
-    /// controller there, or with `pid` already gone).
-    pub fn open(pid: i32) -> Option<OomWatch> {
-        let path = events_path(pid)?;
+    /// Watches the v2 cgroup `pid` is in. `Err(Later)` while `pid` is still in the monitor's
+    /// own cgroup: with the systemd driver a runtime may return before systemd has moved the
+    /// process into its scope (runc waits one second for the job, then goes on). `Err(Never)`
+    /// without the unified hierarchy, its memory controller there, or with `pid` gone.
+    pub fn open(pid: i32) -> Result<OomWatch, NotYet> {
+        let mount = UNIFIED_MOUNTS
+            .into_iter()
+            .find(|m| Path::new(m).join("cgroup.controllers").exists())
+            .ok_or(NotYet::Never)?;
+        let controllers = std::fs::read_to_string(Path::new(mount).join("cgroup.controllers"))
+            .unwrap_or_default();
+        if !controllers.split_whitespace().any(|c| c == "memory") {
+            return Err(NotYet::Never);
+        }
+        let rel = v2_cgroup(&format!("/proc/{pid}/cgroup")).ok_or(NotYet::Never)?;
+        if v2_cgroup("/proc/self/cgroup").as_deref() == Some(rel.as_str()) {
+            return Err(NotYet::Later);
+        }
+        let path = Path::new(mount)
+            .join(rel.trim_start_matches('/'))
+            .join("memory.events");
         let file = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(path)
-            .ok()?;
+            .map_err(|_| NotYet::Never)?;
         let mut w = OomWatch {
             file,
             last: OomCounts::default(),
         };
         w.refresh();
-        Some(w)
+        Ok(w)
     }
 
     pub fn fd(&self) -> RawFd {
@@ -65,13 +82,19 @@ impl OomWatch {
 /// pods that table is thousands of lines.)
 const UNIFIED_MOUNTS: [&str; 2] = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"];
 
-/// `<unified mount>/<pid's v2 cgroup>/memory.events`.
-fn events_path(pid: i32) -> Option<PathBuf> {
-    let mount = UNIFIED_MOUNTS
-        .into_iter()
-        .find(|m| std::path::Path::new(m).join("cgroup.controllers").exists())?;
+/// Why there is no watch (yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotYet {
+    /// The container is not in a cgroup of its own yet: try again.
+    Later,
+    /// Nothing to watch on this node, or the container is gone.
+    Never,
+}
+
+/// The v2 (`0::`) line of a `/proc/<pid>/cgroup` file; `None` without one, or with `..` in it.
+fn v2_cgroup(proc_file: &str) -> Option<String> {
     let mut cgroups = String::new();
-    File::open(format!("/proc/{pid}/cgroup"))
+    File::open(proc_file)
         .ok()?
         .take(64 << 10)
         .read_to_string(&mut cgroups)
@@ -80,11 +103,7 @@ fn events_path(pid: i32) -> Option<PathBuf> {
     if rel.split('/').any(|c| c == "..") {
         return None;
     }
-    Some(
-        PathBuf::from(mount)
-            .join(rel.trim_start_matches('/'))
-            .join("memory.events"),
-    )
+    Some(rel.to_string())
 }
 
 fn parse(text: &str) -> OomCounts {

@@ -14,12 +14,15 @@ use crate::attach::Attach;
 use crate::create::{create, Created};
 use crate::cri_log::{LogFile, Stream};
 use crate::detach::{detach, Report};
-use crate::oom::OomWatch;
+use crate::oom::{NotYet, OomWatch};
 use crate::reaper::{read_signals, reap_all, signal_fd, Reaper};
 
 /// How long to keep reading output after the container exited (a daemonised grandchild may
 /// hold the pipes open forever).
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
+
+/// How long a container that is not in a cgroup of its own yet is looked for (every 50 ms).
+const WATCH_LATER_FOR: Duration = Duration::from_secs(10);
 
 /// The detached monitor. Returns the process exit code.
 pub fn run(args: &MonitorArgs, mut report: Report) -> i32 {
@@ -38,15 +41,24 @@ pub fn run(args: &MonitorArgs, mut report: Report) -> i32 {
         Ok(c) => c,
         Err(msg) => return report.fail(msg),
     };
+    // Watched before the launcher hears of the container: once it has, the container may be
+    // started, hit its limit and be gone (its systemd scope with it) in a few milliseconds.
+    let oom = OomWatch::open(created.pid);
     report.ok(created.pid);
-    serve(args, &sigfd, log, created);
+    serve(args, &sigfd, log, created, oom);
     reap_all();
     0
 }
 
 /// Serves the container until it has exited and its output is drained, then records the
 /// exit and closes the attach clients.
-fn serve(args: &MonitorArgs, sigfd: &OwnedFd, mut log: LogFile, c: Created) {
+fn serve(
+    args: &MonitorArgs,
+    sigfd: &OwnedFd,
+    mut log: LogFile,
+    c: Created,
+    mut oom: Result<OomWatch, NotYet>,
+) {
     let Created {
         pid,
         stdout,
@@ -73,7 +85,9 @@ fn serve(args: &MonitorArgs, sigfd: &OwnedFd, mut log: LogFile, c: Created) {
     const KINDS: [u8; 2] = [STDOUT, STDERR];
     let mut attach = Attach::new(attach, stdin, args.stdin);
     let mut reaper = Reaper::new(pid, waiter);
-    let mut oom = OomWatch::open(pid);
+    // Until when a container not yet in its own cgroup is looked for again.
+    let watch_until = std::time::Instant::now() + WATCH_LATER_FOR;
+    let mut read_at_exit = false;
     loop {
         if let Some(e) = reaper.exit() {
             if streams.iter().all(Stream::is_closed) || e.at.elapsed() >= DRAIN_AFTER_EXIT {
@@ -102,7 +116,11 @@ fn serve(args: &MonitorArgs, sigfd: &OwnedFd, mut log: LogFile, c: Created) {
             revents: 0,
         });
         attach.poll_fds(&mut pfds);
-        let timeout = reaper.poll_timeout();
+        let mut timeout = reaper.poll_timeout();
+        let watch_pending = oom.as_ref().err() == Some(&NotYet::Later);
+        if watch_pending && reaper.exit().is_none() {
+            timeout = if timeout < 0 { 50 } else { timeout.min(50) };
+        }
         // SAFETY: pfds is a valid array of pollfd for the duration of the call.
         let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
         if r < 0 {
@@ -115,9 +133,17 @@ fn serve(args: &MonitorArgs, sigfd: &OwnedFd, mut log: LogFile, c: Created) {
             }
         }
         if pfds[3].revents != 0 {
-            if let Some(w) = &mut oom {
+            if let Ok(w) = &mut oom {
                 w.refresh();
             }
+        }
+        if watch_pending && reaper.exit().is_none() {
+            oom = match OomWatch::open(pid) {
+                Err(NotYet::Later) if std::time::Instant::now() >= watch_until => {
+                    Err(NotYet::Never)
+                }
+                o => o,
+            };
         }
         attach.handle(&pfds[4..], master.as_ref());
         if pfds[2].revents != 0 {
@@ -133,9 +159,15 @@ fn serve(args: &MonitorArgs, sigfd: &OwnedFd, mut log: LogFile, c: Created) {
         if reaper.exit().is_none() {
             reaper.reap(args);
         }
-        // The container is gone: let its pipes reach EOF once the runtime closes its copies.
-        if reaper.exit().is_some() && kept_stdio.is_some() {
-            kept_stdio = None;
+        if reaper.exit().is_some() && !read_at_exit {
+            // Its last process is gone, and with the systemd driver so is its scope soon:
+            // read the counters now, not only when the output is drained.
+            read_at_exit = true;
+            if let Ok(w) = &mut oom {
+                w.refresh();
+            }
+            // Let its pipes reach EOF once the runtime closes its copies.
+            drop(kept_stdio.take());
         }
         reaper.rewait_if_due(args);
     }
@@ -146,7 +178,7 @@ fn serve(args: &MonitorArgs, sigfd: &OwnedFd, mut log: LogFile, c: Created) {
     // The log is complete: record the exit now, so a stop waiting for it does not also wait
     // for slow attach clients below.
     let mut exit = reaper.into_exit().expect("loop ends only after the exit");
-    if let Some(w) = &mut oom {
+    if let Ok(w) = &mut oom {
         w.refresh();
         exit.info.oom_kills = w.last.kills;
         exit.info.oom_at_limit = w.last.at_limit;
