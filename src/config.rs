@@ -166,6 +166,48 @@ pub struct Config {
     /// A pull that makes no progress (no byte, no layer moving on) for this many seconds is
     /// cancelled, and everyone waiting for it told why; 0: never (containerd's default: 5 min).
     pub image_pull_progress_timeout: u64,
+    /// NRI: node plugins that see and adjust pods and containers (`[nri]`).
+    pub nri: NriConfig,
+}
+
+/// NRI settings (`[nri]` in the config file; the peers' names and defaults).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NriConfig {
+    /// Whether plugins are served at all (on by default, as in containerd 2 and CRI-O).
+    pub enable: bool,
+    /// The socket external plugins connect to.
+    pub socket_path: PathBuf,
+    /// Pre-installed plugins (`NN-name` executables), started by the daemon.
+    pub plugin_path: PathBuf,
+    /// Their configuration files (`NN-name.conf` or `name.conf`).
+    pub plugin_config_path: PathBuf,
+    /// A plugin must register within this many seconds of connecting or being started.
+    #[serde(with = "secs")]
+    pub plugin_registration_timeout: Duration,
+    /// Each request to a plugin must be answered within this many seconds; past it the
+    /// plugin is disconnected and the operation goes on without it.
+    #[serde(with = "secs")]
+    pub plugin_request_timeout: Duration,
+    /// Serve no socket: only pre-installed plugins.
+    pub disable_connections: bool,
+    /// The most plugins connected at once; more are refused.
+    pub max_plugins: usize,
+}
+
+impl Default for NriConfig {
+    fn default() -> Self {
+        NriConfig {
+            enable: true,
+            socket_path: PathBuf::from("/var/run/nri/nri.sock"),
+            plugin_path: PathBuf::from("/opt/nri/plugins"),
+            plugin_config_path: PathBuf::from("/etc/nri/conf.d"),
+            plugin_registration_timeout: Duration::from_secs(5),
+            plugin_request_timeout: Duration::from_secs(2),
+            disable_connections: false,
+            max_plugins: 32,
+        }
+    }
 }
 
 mod secs {
@@ -243,6 +285,7 @@ impl Default for Config {
             container_storage_root: None,
             cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
             image_pull_progress_timeout: 300,
+            nri: NriConfig::default(),
         }
     }
 }
@@ -269,6 +312,12 @@ impl Config {
             userns_dir: base.join("userns"),
             cni_conf_dir: base.join("cni-conf"),
             cdi_spec_dirs: vec![base.join("cdi")],
+            nri: NriConfig {
+                socket_path: base.join("nri/nri.sock"),
+                plugin_path: base.join("nri/plugins"),
+                plugin_config_path: base.join("nri/conf.d"),
+                ..NriConfig::default()
+            },
             ..Config::default()
         }
     }

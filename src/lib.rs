@@ -16,6 +16,7 @@ pub mod events;
 pub mod health;
 pub mod image;
 pub mod model;
+pub mod nri;
 pub mod server;
 pub mod signals;
 pub mod streaming;
@@ -123,6 +124,8 @@ pub struct Runtime {
     pub(crate) cgroup_driver: cgroups::Driver,
     /// The node's CDI devices.
     pub(crate) cdi: cdi::Registry,
+    /// NRI plugins: their socket, their hooks in the verbs (see `nri/`).
+    pub(crate) nri: nri::Nri,
 }
 
 /// The outcome of one pull, shared by everyone who asked for it while it ran.
@@ -202,6 +205,7 @@ impl Runtime {
         }
         let cgroup_driver = cgroups::Driver::resolve(cfg.cgroup_driver).map_err(Error::Config)?;
         let cdi = cdi::Registry::new(cfg.cdi_spec_dirs.clone());
+        let nri = nri::Nri::new(&cfg.nri)?;
         let monitor = Config::helper_path(&cfg.monitor_path, "sandboxd-monitor");
         let mount_ns = if cfg.runtime_mount_ns {
             let pins: Vec<&Path> = cfg.namespace_dirs().iter().map(|d| d.as_path()).collect();
@@ -300,6 +304,7 @@ impl Runtime {
             host,
             cgroup_driver,
             cdi,
+            nri,
         })
     }
 
@@ -317,6 +322,17 @@ impl Runtime {
     /// files that could not be used (file → why).
     pub fn cdi_devices(&self) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
         self.cdi.listing()
+    }
+
+    /// Starts NRI (`[nri]`): the pre-installed plugins and the socket external ones connect
+    /// to. The daemon calls it at start; a library user that wants plugins calls it once.
+    pub fn start_nri(self: &Arc<Self>) -> Result<()> {
+        self.nri.start(Arc::new(nri::Domain(Arc::downgrade(self))))
+    }
+
+    /// The NRI plugins connected now, in the order they are called.
+    pub fn nri_plugins(&self) -> Vec<nri::PluginInfo> {
+        self.nri.plugins()
     }
 
     /// A pod's cgroup as the daemon names it: a path (cgroupfs) or a slice (systemd; its
@@ -343,6 +359,13 @@ impl Runtime {
     /// PodSandboxStatus; an unknown id is `NotFound`.
     pub fn pod_sandbox_status(&self, id: &str) -> Result<SandboxStatus> {
         if let Some(entry) = self.lookup(id)? {
+            let full = lock(&entry.record).id.clone();
+            if self.nri.hides(&full) {
+                return Err(Error::NotFound {
+                    kind: "sandbox",
+                    id: id.to_string(),
+                });
+            }
             sandbox::infra::check_unwatched(self, &entry);
             return Ok(lock(&entry.record).status());
         }
@@ -362,7 +385,7 @@ impl Runtime {
         let mut out: Vec<SandboxStatus> = entries
             .iter()
             .map(|e| lock(&e.record).clone())
-            .filter(|r| filter.matches(r))
+            .filter(|r| filter.matches(r) && !self.nri.hides(&r.id))
             .map(|r| r.status())
             .collect();
         // Quarantined pods too, NotReady with what is known, so that kubelet's garbage
@@ -461,6 +484,12 @@ impl Runtime {
     /// is `NotFound`.
     pub fn container_status(&self, id: &str) -> Result<ContainerRecord> {
         let e = self.container_entry(id)?;
+        if self.nri.hides(&lock(&e.record).id) {
+            return Err(Error::NotFound {
+                kind: "container",
+                id: id.to_string(),
+            });
+        }
         Ok(container::status::refresh(self, &e))
     }
 
@@ -477,7 +506,7 @@ impl Runtime {
         let mut out: Vec<ContainerRecord> = entries
             .iter()
             .map(|e| container::status::refresh_within(self, e, LIST_RECHECK_MS))
-            .filter(|r| filter.matches(r))
+            .filter(|r| filter.matches(r) && !self.nri.hides(&r.id))
             .collect();
         out.sort_by_key(|r| (r.created_at, r.id.clone()));
         out

@@ -183,6 +183,11 @@ pub async fn serve(
     // Exits are learned as they happen (GetContainerEvents); event streams end at shutdown,
     // which would otherwise wait for them forever.
     rt.watch_exits()?;
+    // NRI plugins: a socket another runtime serves, or a bad plugin dir, costs the plugins,
+    // not the node's CRI.
+    if let Err(e) = rt.start_nri() {
+        tracing::error!(error = %e, "NRI not started");
+    }
     let events = rt.events.clone();
     let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {

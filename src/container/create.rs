@@ -159,6 +159,8 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
             let dir = lock(&entry.record).dir.clone();
             rt.exit_watch.add(&id, &dir);
             rt.emit(crate::events::EventKind::Created, &id, &sb.id);
+            let rec = lock(&entry.record).clone();
+            rt.nri.post_create_container(&sb, &rec, &rt.cfg);
             Ok(id)
         }
         Err(err) => {
@@ -323,6 +325,14 @@ fn build(
         .map_err(|e| match e {
             Error::InvalidArgument(m) => Error::InvalidArgument(format!("container {id}: {m}")),
             e => e,
+        })?;
+    // NRI plugins adjust the spec as built (their CDI devices through the same registry).
+    rt.nri
+        .create_container(sb, &rec, &rt.cfg, &mut oci, &|names, spec| {
+            rt.cdi.inject(names, spec).map_err(|e| match e {
+                Error::InvalidArgument(m) => Error::InvalidArgument(format!("container {id}: {m}")),
+                e => e,
+            })
         })?;
     crate::oci::spec::save(&oci, &rec.dir.join("config.json"))
         .map_err(|e| Error::step("write bundle", id, e))?;

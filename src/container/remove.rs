@@ -79,6 +79,9 @@ pub(crate) fn remove_locked(rt: &Runtime, entry: &ContainerEntry) -> Result<()> 
         }
     }
     unregister(rt, entry);
+    if let Ok(sb) = rt.sandbox_record(&rec.sandbox_id) {
+        rt.nri.remove_container(&sb, &rec, &rt.cfg);
+    }
     tracing::info!(container_id = %rec.id, "container removed");
     rt.emit(EventKind::Deleted, &rec.id, &rec.sandbox_id);
     // Its image (or an image volume's) was removed while it ran: its layers can go now if

@@ -23,6 +23,14 @@ pub(crate) fn start(rt: &Runtime, id: &str) -> Result<()> {
         )
     })?;
     let runtime = rt.handler(&rec.runtime_handler)?;
+    let sb = rt
+        .nri
+        .active()
+        .then(|| rt.sandbox_record(&rec.sandbox_id).ok())
+        .flatten();
+    if let Some(sb) = &sb {
+        rt.nri.start_container(sb, &rec, &rt.cfg)?;
+    }
     // Taken before the call: the process may run (and exit) before `start` returns.
     let started = now_nanos();
     let files = rec.files();
@@ -63,7 +71,10 @@ pub(crate) fn start(rt: &Runtime, id: &str) -> Result<()> {
     rt.fs_usage.measure_now(&rec.id, &rec.upper_dir());
     rt.emit(EventKind::Started, &rec.id, &rec.sandbox_id);
     tracing::info!(container_id = %rec.id, pid = rec.pid, "container started");
-    refresh(rt, &entry);
+    let now = refresh(rt, &entry);
+    if let Some(sb) = &sb {
+        rt.nri.post_start_container(sb, &now, &rt.cfg);
+    }
     Ok(())
 }
 

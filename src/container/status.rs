@@ -132,11 +132,14 @@ pub(crate) fn mark_exited(
         tracing::warn!(error = %e, "cannot persist a container's exit; kept in memory");
     }
     if changed {
-        let (id, sb) = {
-            let r = lock(&entry.record);
-            (r.id.clone(), r.sandbox_id.clone())
-        };
-        rt.emit(crate::events::EventKind::Stopped, &id, &sb);
+        let rec = lock(&entry.record).clone();
+        rt.emit(crate::events::EventKind::Stopped, &rec.id, &rec.sandbox_id);
+        // Plugins hear of the exit once, whether it was asked for or not.
+        if rt.nri.active() {
+            if let Ok(sb) = rt.sandbox_record(&rec.sandbox_id) {
+                rt.nri.stop_container(&sb, &rec, &rt.cfg);
+            }
+        }
     }
     changed
 }

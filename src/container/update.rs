@@ -7,8 +7,25 @@ use crate::{lock, Runtime};
 
 /// UpdateContainerResources: the runtime's `update` applies the new limits to the cgroup;
 /// the record keeps them for status.
+/// NRI plugins subscribed to UpdateContainer see the request first and may change it.
 pub(crate) fn update_resources(rt: &Runtime, id: &str, res: &Resources) -> Result<()> {
     super::spec::validate_resources(res)?;
+    if !rt.nri.active() {
+        return apply_resources(rt, id, res);
+    }
+    let rec = rt.container_record(id)?;
+    let sb = rt.sandbox_record(&rec.sandbox_id)?;
+    let res = rt.nri.update_container(&sb, &rec, &rt.cfg, res)?;
+    super::spec::validate_resources(&res)?;
+    apply_resources(rt, id, &res)?;
+    let rec = rt.container_record(id)?;
+    rt.nri.post_update_container(&sb, &rec, &rt.cfg);
+    Ok(())
+}
+
+/// Applies new resources to a created or running container (what an NRI plugin's own
+/// update does too, without asking the plugins again).
+pub(crate) fn apply_resources(rt: &Runtime, id: &str, res: &Resources) -> Result<()> {
     let entry = rt.container_entry(id)?;
     let _op = lock(&entry.op);
     let ok = [ContainerState::Created, ContainerState::Running];

@@ -206,6 +206,17 @@ impl RuntimeService for CriService {
                 "cdi".to_string(),
                 serde_json::json!({"devices": devices, "brokenSpecFiles": errors}).to_string(),
             );
+            // The NRI plugins connected, in call order.
+            let nri = &self.rt.config().nri;
+            resp.info.insert(
+                "nri".to_string(),
+                serde_json::json!({
+                    "enabled": nri.enable,
+                    "socket": (nri.enable && !nri.disable_connections).then_some(&nri.socket_path),
+                    "plugins": self.rt.nri_plugins(),
+                })
+                .to_string(),
+            );
         }
         Ok(Response::new(resp))
     }

@@ -60,6 +60,11 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) ->
         stop_containers(rt, &id)?;
         entry.note(|r| r.stop.containers_stopped = true);
         failpoint::hit("stop:containers");
+        // Once per pod that was ready, with every container of it exited.
+        if rec.state == SandboxState::Ready && !rollback {
+            let snapshot = lock(&entry.record).clone();
+            rt.nri.stop_pod_sandbox(&snapshot, &rt.cfg);
+        }
     }
 
     if let Some(infra) = rec.infra.as_ref().filter(|i| !i.stopped) {

@@ -37,5 +37,7 @@ pub(crate) fn update_resources(
     entry.update(|r| {
         r.config.overhead = overhead;
         r.config.resources = resources;
-    })
+    })?;
+    let snapshot = lock(&entry.record).clone();
+    rt.nri.update_pod_sandbox(&snapshot, &rt.cfg)
 }

@@ -10,6 +10,7 @@ pub mod cri;
 pub mod daemon;
 pub mod fake_registry;
 pub mod hostile;
+pub mod nri_plugin;
 pub mod pods;
 pub mod registry;
 pub mod sandboxctl;

@@ -1,0 +1,538 @@
+//! Plugins' adjustments of a container being created, applied to its OCI spec (as JSON, the
+//! runtime-spec's own field names) one plugin after the other, so each plugin sees what the
+//! ones before it did. Each field (or, for maps and lists, each key) has one owner: a second
+//! plugin setting it is a conflict, and the creation fails naming both. A key prefixed with
+//! `-` removes the entry (and makes the remover its owner, free to set it again).
+
+use std::collections::HashMap;
+
+use sandboxd_nri_api::api;
+use serde_json::{json, Map, Value};
+
+/// Who set what, for one container.
+#[derive(Default)]
+pub(crate) struct Owners {
+    owner: HashMap<(String, String), String>,
+}
+
+impl Owners {
+    /// `plugin` sets `field[key]` (`key` empty for a plain field).
+    fn claim(&mut self, field: &str, key: &str, plugin: &str) -> Result<(), String> {
+        let k = (field.to_string(), key.to_string());
+        match self.owner.get(&k) {
+            Some(o) if o != plugin && o.strip_prefix('-') != Some(plugin) => {
+                let what = if key.is_empty() {
+                    field.to_string()
+                } else {
+                    format!("{field} {key:?}")
+                };
+                Err(format!(
+                    "NRI plugins {} and {plugin} both tried to set {what}",
+                    o.trim_start_matches('-')
+                ))
+            }
+            _ => {
+                self.owner.insert(k, plugin.to_string());
+                Ok(())
+            }
+        }
+    }
+
+    /// `plugin` removes `field[key]`.
+    fn remove(&mut self, field: &str, key: &str, plugin: &str) -> Result<(), String> {
+        self.claim(field, key, plugin)?;
+        self.owner
+            .insert((field.into(), key.into()), format!("-{plugin}"));
+        Ok(())
+    }
+
+    /// A plain field set again without conflict (a leading `""` in args).
+    fn release(&mut self, field: &str) {
+        self.owner.remove(&(field.to_string(), String::new()));
+    }
+}
+
+fn obj<'a>(v: &'a mut Value, key: &str) -> &'a mut Map<String, Value> {
+    let o = v.as_object_mut().expect("an object");
+    let e = o.entry(key).or_insert_with(|| json!({}));
+    if !e.is_object() {
+        *e = json!({});
+    }
+    e.as_object_mut().expect("an object")
+}
+
+fn arr<'a>(v: &'a mut Value, key: &str) -> &'a mut Vec<Value> {
+    let o = v.as_object_mut().expect("an object");
+    let e = o.entry(key).or_insert_with(|| json!([]));
+    if !e.is_array() {
+        *e = json!([]);
+    }
+    e.as_array_mut().expect("an array")
+}
+
+/// Applies `plugin`'s adjustment to `spec`; returns the CDI devices it asks for (applied by
+/// the caller through the node's CDI registry).
+pub(crate) fn apply(
+    spec: &mut Value,
+    a: &api::ContainerAdjustment,
+    plugin: &str,
+    owners: &mut Owners,
+) -> Result<Vec<String>, String> {
+    for (k, v) in &a.annotations {
+        let annotations = obj(spec, "annotations");
+        match k.strip_prefix('-') {
+            Some(k) => {
+                owners.remove("annotation", k, plugin)?;
+                annotations.remove(k);
+            }
+            None => {
+                owners.claim("annotation", k, plugin)?;
+                annotations.insert(k.clone(), json!(v));
+            }
+        }
+    }
+    for m in &a.mounts {
+        let mounts = arr(spec, "mounts");
+        match m.destination.strip_prefix('-') {
+            Some(d) => {
+                owners.remove("mount", d, plugin)?;
+                mounts.retain(|x| x["destination"] != d);
+            }
+            None => {
+                if !m.destination.starts_with('/') {
+                    return Err(format!(
+                        "mount destination {:?} is not absolute",
+                        m.destination
+                    ));
+                }
+                owners.claim("mount", &m.destination, plugin)?;
+                mounts.retain(|x| x["destination"] != m.destination.as_str());
+                mounts.push(json!({
+                    "destination": m.destination,
+                    "type": m.r#type,
+                    "source": m.source,
+                    "options": m.options,
+                }));
+            }
+        }
+    }
+    for kv in &a.env {
+        let process = obj(spec, "process");
+        let env = process
+            .entry("env")
+            .or_insert_with(|| json!([]))
+            .as_array_mut()
+            .ok_or("process.env is not a list")?;
+        let (key, removal) = match kv.key.strip_prefix('-') {
+            Some(k) => (k, true),
+            None => (kv.key.as_str(), false),
+        };
+        if key.is_empty() || key.contains('=') {
+            return Err(format!("invalid environment variable name {key:?}"));
+        }
+        let prefix = format!("{key}=");
+        env.retain(|e| !e.as_str().is_some_and(|e| e.starts_with(&prefix)));
+        if removal {
+            owners.remove("env", key, plugin)?;
+        } else {
+            owners.claim("env", key, plugin)?;
+            env.push(json!(format!("{key}={}", kv.value)));
+        }
+    }
+    if let Some(h) = &a.hooks {
+        for (kind, list) in [
+            ("prestart", &h.prestart),
+            ("createRuntime", &h.create_runtime),
+            ("createContainer", &h.create_container),
+            ("startContainer", &h.start_container),
+            ("poststart", &h.poststart),
+            ("poststop", &h.poststop),
+        ] {
+            for hook in list {
+                if !hook.path.starts_with('/') {
+                    return Err(format!("hook path {:?} is not absolute", hook.path));
+                }
+                let mut v = json!({"path": hook.path, "args": hook.args, "env": hook.env});
+                if let Some(t) = &hook.timeout {
+                    v["timeout"] = json!(t.value);
+                }
+                let hooks = obj(spec, "hooks");
+                hooks
+                    .entry(kind)
+                    .or_insert_with(|| json!([]))
+                    .as_array_mut()
+                    .ok_or("hooks are not lists")?
+                    .push(v);
+            }
+        }
+    }
+    for r in &a.rlimits {
+        if !r.r#type.starts_with("RLIMIT_") {
+            return Err(format!("unknown rlimit {:?}", r.r#type));
+        }
+        owners.claim("rlimit", &r.r#type, plugin)?;
+        let process = obj(spec, "process");
+        let list = process
+            .entry("rlimits")
+            .or_insert_with(|| json!([]))
+            .as_array_mut()
+            .ok_or("process.rlimits is not a list")?;
+        list.retain(|x| x["type"] != r.r#type.as_str());
+        list.push(json!({"type": r.r#type, "hard": r.hard, "soft": r.soft}));
+    }
+    let mut cdi = Vec::new();
+    for d in &a.cdi_devices {
+        owners.claim("CDI device", &d.name, plugin)?;
+        cdi.push(d.name.clone());
+    }
+    if !a.args.is_empty() {
+        let args = if a.args[0].is_empty() {
+            owners.release("args");
+            &a.args[1..]
+        } else {
+            &a.args[..]
+        };
+        owners.claim("args", "", plugin)?;
+        if args.is_empty() {
+            return Err("empty args".into());
+        }
+        obj(spec, "process").insert("args".into(), json!(args));
+    }
+    if let Some(l) = &a.linux {
+        linux(spec, l, plugin, owners)?;
+    }
+    Ok(cdi)
+}
+
+fn linux(
+    spec: &mut Value,
+    l: &api::LinuxContainerAdjustment,
+    plugin: &str,
+    owners: &mut Owners,
+) -> Result<(), String> {
+    let unsupported = [
+        ("cgroups_path", !l.cgroups_path.is_empty()),
+        ("io_priority", l.io_priority.is_some()),
+        ("seccomp_policy", l.seccomp_policy.is_some()),
+        ("net_devices", !l.net_devices.is_empty()),
+        ("scheduler", l.scheduler.is_some()),
+        ("rdt", l.rdt.is_some()),
+        ("memory_policy", l.memory_policy.is_some()),
+    ];
+    if let Some((what, _)) = unsupported.iter().find(|(_, set)| *set) {
+        return Err(format!(
+            "adjusting linux.{what} is not supported by sandboxd"
+        ));
+    }
+    for d in &l.devices {
+        let linux = obj(spec, "linux");
+        let list = linux
+            .entry("devices")
+            .or_insert_with(|| json!([]))
+            .as_array_mut()
+            .ok_or("linux.devices is not a list")?;
+        match d.path.strip_prefix('-') {
+            Some(p) => {
+                owners.remove("device", p, plugin)?;
+                list.retain(|x| x["path"] != p);
+            }
+            None => {
+                if !d.path.starts_with("/dev/")
+                    || !["c", "b", "u", "p"].contains(&d.r#type.as_str())
+                {
+                    return Err(format!("device {:?} of type {:?}", d.path, d.r#type));
+                }
+                owners.claim("device", &d.path, plugin)?;
+                list.retain(|x| x["path"] != d.path.as_str());
+                let mut v =
+                    json!({"path": d.path, "type": d.r#type, "major": d.major, "minor": d.minor});
+                if let Some(m) = &d.file_mode {
+                    v["fileMode"] = json!(m.value);
+                }
+                if let Some(u) = &d.uid {
+                    v["uid"] = json!(u.value);
+                }
+                if let Some(g) = &d.gid {
+                    v["gid"] = json!(g.value);
+                }
+                list.push(v);
+                // And the device cgroup lets the container use it.
+                let res = obj(obj_value(spec, "linux"), "resources");
+                res.entry("devices")
+                    .or_insert_with(|| json!([]))
+                    .as_array_mut()
+                    .ok_or("linux.resources.devices is not a list")?
+                    .push(json!({"allow": true, "type": d.r#type, "major": d.major, "minor": d.minor, "access": "rwm"}));
+            }
+        }
+    }
+    if let Some(r) = &l.resources {
+        resources(spec, r, plugin, owners)?;
+    }
+    if let Some(o) = &l.oom_score_adj {
+        if !(-1000..=1000).contains(&o.value) {
+            return Err(format!("oom_score_adj {} out of range", o.value));
+        }
+        owners.claim("oom_score_adj", "", plugin)?;
+        obj(spec, "process").insert("oomScoreAdj".into(), json!(o.value));
+    }
+    for n in &l.namespaces {
+        let linux = obj(spec, "linux");
+        let list = linux
+            .entry("namespaces")
+            .or_insert_with(|| json!([]))
+            .as_array_mut()
+            .ok_or("linux.namespaces is not a list")?;
+        match n.r#type.strip_prefix('-') {
+            Some(t) => {
+                owners.remove("namespace", t, plugin)?;
+                list.retain(|x| x["type"] != t);
+            }
+            None => {
+                owners.claim("namespace", &n.r#type, plugin)?;
+                list.retain(|x| x["type"] != n.r#type.as_str());
+                let mut v = json!({"type": n.r#type});
+                if !n.path.is_empty() {
+                    v["path"] = json!(n.path);
+                }
+                list.push(v);
+            }
+        }
+    }
+    for (k, v) in &l.sysctl {
+        owners.claim("sysctl", k, plugin)?;
+        obj(obj_value(spec, "linux"), "sysctl").insert(k.clone(), json!(v));
+    }
+    Ok(())
+}
+
+fn obj_value<'a>(v: &'a mut Value, key: &str) -> &'a mut Value {
+    obj(v, key);
+    &mut v[key]
+}
+
+fn resources(
+    spec: &mut Value,
+    r: &api::LinuxResources,
+    plugin: &str,
+    owners: &mut Owners,
+) -> Result<(), String> {
+    if r.blockio_class.is_some() || r.rdt_class.is_some() {
+        return Err("adjusting the block I/O or RDT class is not supported by sandboxd".into());
+    }
+    let res = obj_value(obj_value(spec, "linux"), "resources");
+    if let Some(m) = &r.memory {
+        let mem = obj(res, "memory");
+        let fields: [(&str, &str, Option<Value>); 6] = [
+            (
+                "memory limit",
+                "limit",
+                m.limit.as_ref().map(|v| json!(v.value)),
+            ),
+            (
+                "memory reservation",
+                "reservation",
+                m.reservation.as_ref().map(|v| json!(v.value)),
+            ),
+            (
+                "memory swap",
+                "swap",
+                m.swap.as_ref().map(|v| json!(v.value)),
+            ),
+            (
+                "memory swappiness",
+                "swappiness",
+                m.swappiness.as_ref().map(|v| json!(v.value)),
+            ),
+            (
+                "memory OOM killer",
+                "disableOOMKiller",
+                m.disable_oom_killer.as_ref().map(|v| json!(v.value)),
+            ),
+            (
+                "memory kernel limit",
+                "kernel",
+                m.kernel.as_ref().map(|v| json!(v.value)),
+            ),
+        ];
+        for (name, key, v) in fields {
+            if let Some(v) = v {
+                owners.claim(name, "", plugin)?;
+                mem.insert(key.into(), v);
+            }
+        }
+    }
+    if let Some(c) = &r.cpu {
+        let cpu = obj(res, "cpu");
+        let fields: [(&str, &str, Option<Value>); 7] = [
+            (
+                "CPU shares",
+                "shares",
+                c.shares.as_ref().map(|v| json!(v.value)),
+            ),
+            (
+                "CPU quota",
+                "quota",
+                c.quota.as_ref().map(|v| json!(v.value)),
+            ),
+            (
+                "CPU period",
+                "period",
+                c.period.as_ref().map(|v| json!(v.value)),
+            ),
+            (
+                "CPU realtime runtime",
+                "realtimeRuntime",
+                c.realtime_runtime.as_ref().map(|v| json!(v.value)),
+            ),
+            (
+                "CPU realtime period",
+                "realtimePeriod",
+                c.realtime_period.as_ref().map(|v| json!(v.value)),
+            ),
+            (
+                "cpuset CPUs",
+                "cpus",
+                (!c.cpus.is_empty()).then(|| json!(c.cpus)),
+            ),
+            (
+                "cpuset memory nodes",
+                "mems",
+                (!c.mems.is_empty()).then(|| json!(c.mems)),
+            ),
+        ];
+        for (name, key, v) in fields {
+            if let Some(v) = v {
+                if let Some(s) = v.as_str() {
+                    if !s
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || b == b',' || b == b'-')
+                    {
+                        return Err(format!("{name} {s:?} is not a cpuset list"));
+                    }
+                }
+                owners.claim(name, "", plugin)?;
+                cpu.insert(key.into(), v);
+            }
+        }
+    }
+    for h in &r.hugepage_limits {
+        owners.claim("hugepage limit", &h.page_size, plugin)?;
+        let list = res
+            .as_object_mut()
+            .expect("an object")
+            .entry("hugepageLimits")
+            .or_insert_with(|| json!([]))
+            .as_array_mut()
+            .ok_or("hugepageLimits is not a list")?;
+        list.retain(|x| x["pageSize"] != h.page_size.as_str());
+        list.push(json!({"pageSize": h.page_size, "limit": h.limit}));
+    }
+    for (k, v) in &r.unified {
+        let mut check = crate::model::resources::Resources::default();
+        check.unified.insert(k.clone(), v.clone());
+        check
+            .check(crate::oci::spec::cgroup_v2_only())
+            .map_err(|e| e.to_string())?;
+        owners.claim("unified", k, plugin)?;
+        obj(res, "unified").insert(k.clone(), json!(v));
+    }
+    if let Some(p) = &r.pids {
+        owners.claim("pids limit", "", plugin)?;
+        obj(res, "pids").insert("limit".into(), json!(p.limit));
+    }
+    for d in &r.devices {
+        let mut v = json!({"allow": d.allow, "type": d.r#type, "access": d.access});
+        if let Some(m) = &d.major {
+            v["major"] = json!(m.value);
+        }
+        if let Some(m) = &d.minor {
+            v["minor"] = json!(m.value);
+        }
+        res.as_object_mut()
+            .expect("an object")
+            .entry("devices")
+            .or_insert_with(|| json!([]))
+            .as_array_mut()
+            .ok_or("linux.resources.devices is not a list")?
+            .push(v);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(k: &str, v: &str) -> api::ContainerAdjustment {
+        api::ContainerAdjustment {
+            env: vec![api::KeyValue {
+                key: k.into(),
+                value: v.into(),
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_second_plugin_setting_the_same_key_is_a_conflict() {
+        let mut spec = json!({"process": {"env": ["PATH=/bin", "A=0"]}});
+        let mut o = Owners::default();
+        apply(&mut spec, &env("A", "1"), "10-one", &mut o).unwrap();
+        assert_eq!(spec["process"]["env"], json!(["PATH=/bin", "A=1"]));
+        let e = apply(&mut spec, &env("A", "2"), "20-two", &mut o).unwrap_err();
+        assert_eq!(
+            e,
+            "NRI plugins 10-one and 20-two both tried to set env \"A\""
+        );
+        // Another key is free.
+        apply(&mut spec, &env("B", "2"), "20-two", &mut o).unwrap();
+    }
+
+    #[test]
+    fn a_removal_frees_the_key_for_its_remover_only() {
+        let mut spec = json!({"process": {"env": ["A=0"]}, "mounts": [{"destination": "/x"}]});
+        let mut o = Owners::default();
+        apply(&mut spec, &env("-A", ""), "10-one", &mut o).unwrap();
+        assert_eq!(spec["process"]["env"], json!([]));
+        apply(&mut spec, &env("A", "again"), "10-one", &mut o).unwrap();
+        assert!(apply(&mut spec, &env("A", "other"), "20-two", &mut o).is_err());
+        let rm = api::ContainerAdjustment {
+            mounts: vec![api::Mount {
+                destination: "-/x".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        apply(&mut spec, &rm, "20-two", &mut o).unwrap();
+        assert_eq!(spec["mounts"], json!([]));
+    }
+
+    #[test]
+    fn what_sandboxd_cannot_do_is_refused_by_name() {
+        let mut spec = json!({});
+        let a = api::ContainerAdjustment {
+            linux: Some(api::LinuxContainerAdjustment {
+                cgroups_path: "/elsewhere".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let e = apply(&mut spec, &a, "10-one", &mut Owners::default()).unwrap_err();
+        assert!(e.contains("linux.cgroups_path"), "{e}");
+        let bad_cpus = api::ContainerAdjustment {
+            linux: Some(api::LinuxContainerAdjustment {
+                resources: Some(api::LinuxResources {
+                    cpu: Some(api::LinuxCpu {
+                        cpus: "0\n1".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(apply(&mut spec, &bad_cpus, "10-one", &mut Owners::default()).is_err());
+    }
+}

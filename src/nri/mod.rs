@@ -1,0 +1,735 @@
+//! NRI, the runtime's side: node plugins (resource policies, device injectors, validators)
+//! connect to `[nri] socket_path` or are started from `plugin_path`, register, subscribe to
+//! lifecycle events and adjust containers as they are created. The protocol's messages and
+//! services come from `sandboxd-nri-api` (ttrpc over a multiplexed socket).
+//!
+//! The verbs call the hooks below from their own (blocking) threads; the plugins' sockets
+//! and requests run on this module's own small Tokio runtime. With no plugin connected a
+//! hook costs one atomic load.
+//!
+//! Order and consistency: plugins are called one after the other by index; a plugin joins
+//! under the sync lock's write side, holding back every event until it has been sent every
+//! existing pod and container (`Synchronize`), so none is missed or reported out of order.
+//! Ids whose blocking hook runs (RunPodSandbox, CreateContainer) are hidden from List and
+//! Status until it returns.
+
+mod adjust;
+mod convert;
+mod domain;
+mod launch;
+mod plugin;
+
+pub use domain::Domain;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use sandboxd_nri_api::api;
+use sandboxd_nri_api::api::Event;
+
+use crate::config::{Config, NriConfig};
+use crate::error::{Error, Result};
+use crate::model::container::ContainerRecord;
+use crate::model::sandbox::SandboxRecord;
+use plugin::{Failure, Plugin};
+
+/// The most container updates and evictions one plugin message may carry.
+pub(crate) const MAX_UPDATES: usize = 1024;
+
+/// Applies what plugins ask of other containers (updates, evictions); returns the updates
+/// that failed. The runtime implements it.
+pub(crate) trait Updates: Send + Sync {
+    fn apply(
+        &self,
+        plugin: &str,
+        update: &[api::ContainerUpdate],
+        evict: &[api::ContainerEviction],
+    ) -> Vec<api::ContainerUpdate>;
+    /// Every pod and container, for a joining plugin.
+    fn snapshot(&self) -> (Vec<api::PodSandbox>, Vec<api::Container>);
+}
+
+/// What a connected plugin looks like from outside (sandboxctl info, tests).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PluginInfo {
+    /// `NN-name`.
+    pub id: String,
+    /// The events it subscribed to, by name.
+    pub events: Vec<String>,
+    /// Whether the daemon started it (from `plugin_path`).
+    pub preinstalled: bool,
+}
+
+struct Shared {
+    cfg: NriConfig,
+    plugins: Mutex<Vec<Arc<Plugin>>>,
+    /// Plugins connected or joining: zero means every hook returns at once.
+    active: AtomicUsize,
+    /// Events take the read side, a joining plugin the write side.
+    sync: Arc<tokio::sync::RwLock<()>>,
+    /// Pods and containers whose blocking hook runs.
+    hidden: Mutex<HashSet<String>>,
+    /// Containers whose StopContainer event went out (it goes out once).
+    stopped: Mutex<HashSet<String>>,
+    updates: std::sync::OnceLock<Arc<dyn Updates>>,
+}
+
+/// The NRI adaptation of one runtime.
+pub(crate) struct Nri {
+    shared: Arc<Shared>,
+    tokio: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Nri {
+    fn drop(&mut self) {
+        // Closes every plugin's socket (and kills those we started) without waiting.
+        for p in crate::lock(&self.shared.plugins).drain(..) {
+            p.close("the runtime is shutting down");
+        }
+        if let Some(t) = self.tokio.take() {
+            t.shutdown_background();
+        }
+    }
+}
+
+impl Nri {
+    pub(crate) fn new(cfg: &NriConfig) -> Result<Nri> {
+        let tokio = if cfg.enable {
+            Some(
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .max_blocking_threads(4)
+                    .thread_name("nri")
+                    .enable_all()
+                    .build()
+                    .map_err(|e| Error::Config(format!("NRI runtime: {e}")))?,
+            )
+        } else {
+            None
+        };
+        Ok(Nri {
+            shared: Arc::new(Shared {
+                cfg: cfg.clone(),
+                plugins: Mutex::new(Vec::new()),
+                active: AtomicUsize::new(0),
+                sync: Arc::new(tokio::sync::RwLock::new(())),
+                hidden: Mutex::new(HashSet::new()),
+                stopped: Mutex::new(HashSet::new()),
+                updates: std::sync::OnceLock::new(),
+            }),
+            tokio,
+        })
+    }
+
+    /// Starts the pre-installed plugins and the socket (once; no-op when disabled).
+    pub(crate) fn start(&self, updates: Arc<dyn Updates>) -> Result<()> {
+        let Some(t) = &self.tokio else {
+            return Ok(());
+        };
+        if self.shared.updates.set(updates).is_err() {
+            return Ok(());
+        }
+        let shared = self.shared.clone();
+        for l in launch::discover(&shared.cfg)? {
+            let shared = shared.clone();
+            t.spawn(async move {
+                let id = l.id();
+                match launch::start(l) {
+                    Ok((sock, origin)) => join(shared, sock, origin).await,
+                    Err(e) => tracing::warn!(plugin = %id, error = %e, "cannot start NRI plugin"),
+                }
+            });
+        }
+        if !shared.cfg.disable_connections {
+            let listener = launch::listen(&shared.cfg.socket_path)?;
+            t.spawn(accept(shared, listener));
+        }
+        Ok(())
+    }
+
+    /// The connected plugins, in the order they are called.
+    pub(crate) fn plugins(&self) -> Vec<PluginInfo> {
+        crate::lock(&self.shared.plugins)
+            .iter()
+            .filter(|p| !p.is_closed())
+            .map(|p| PluginInfo {
+                id: p.id.clone(),
+                events: (1..15)
+                    .filter_map(|e| Event::try_from(e).ok())
+                    .filter(|e| p.subscribed(*e))
+                    .map(|e| e.as_str_name().to_string())
+                    .collect(),
+                preinstalled: crate::lock(&p.child).is_some(),
+            })
+            .collect()
+    }
+
+    /// Whether `id`'s blocking hook runs (List and Status leave it out meanwhile).
+    pub(crate) fn hides(&self, id: &str) -> bool {
+        self.active() && crate::lock(&self.shared.hidden).contains(id)
+    }
+
+    pub(crate) fn active(&self) -> bool {
+        self.tokio.is_some() && self.shared.active.load(Ordering::Acquire) > 0
+    }
+
+    /// Runs `f` on the NRI runtime and waits for it (from a verb's blocking thread).
+    fn block_on<T: Send + 'static>(
+        &self,
+        f: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> Option<T> {
+        let t = self.tokio.as_ref()?;
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        t.spawn(async move {
+            let _ = tx.send(f.await);
+        });
+        rx.recv().ok()
+    }
+
+    /// Sends `event` to every subscribed plugin in order. With `blocking`, a plugin's error
+    /// fails the operation (and the rest are not asked); otherwise it is logged.
+    fn notify(
+        &self,
+        event: Event,
+        pod: api::PodSandbox,
+        container: Option<api::Container>,
+        blocking: bool,
+    ) -> std::result::Result<(), String> {
+        if !self.active() {
+            return Ok(());
+        }
+        let shared = self.shared.clone();
+        self.block_on(async move {
+            let _g = shared.sync.read().await;
+            for p in ordered(&shared) {
+                if !p.subscribed(event) {
+                    continue;
+                }
+                let req = api::StateChangeEvent {
+                    event: event as i32,
+                    pod: Some(pod.clone()),
+                    container: container.clone(),
+                };
+                let name = event.as_str_name();
+                match p
+                    .request(name, |c, ctx| async move { c.state_change(ctx, &req).await })
+                    .await
+                {
+                    Ok(_) | Err(Failure::Dropped(_)) => {}
+                    Err(Failure::Refused(m)) if blocking => return Err(m),
+                    Err(Failure::Refused(m)) => {
+                        tracing::warn!(plugin = %p.id, event = name, error = %m, "NRI plugin failed an event")
+                    }
+                }
+            }
+            Ok(())
+        })
+        .unwrap_or(Ok(()))
+        .inspect(|_| prune(&self.shared))
+    }
+
+    /// RunPodSandbox: the pod is hidden while the plugins see it; an error of one fails the
+    /// creation (the caller tears it down).
+    pub(crate) fn run_pod_sandbox(&self, r: &SandboxRecord, cfg: &Config) -> Result<()> {
+        if !self.active() {
+            return Ok(());
+        }
+        let _hidden = Hidden::new(&self.shared, &r.id);
+        self.notify(Event::RunPodSandbox, convert::pod(r, cfg), None, true)
+            .map_err(|m| Error::FailedPrecondition(format!("sandbox {}: {m}", r.id)))
+    }
+
+    pub(crate) fn stop_pod_sandbox(&self, r: &SandboxRecord, cfg: &Config) {
+        let _ = self.notify(Event::StopPodSandbox, convert::pod(r, cfg), None, false);
+    }
+
+    pub(crate) fn remove_pod_sandbox(&self, r: &SandboxRecord, cfg: &Config) {
+        let _ = self.notify(Event::RemovePodSandbox, convert::pod(r, cfg), None, false);
+    }
+
+    /// CreateContainer: each subscribed plugin in turn sees the container as the spec
+    /// stands and may adjust it; the adjustments are applied to `spec` (CDI devices through
+    /// `inject`), and what plugins ask of other containers is applied after. The container
+    /// is hidden meanwhile. Conflicts and plugins' errors fail the creation.
+    pub(crate) fn create_container(
+        &self,
+        sb: &SandboxRecord,
+        c: &ContainerRecord,
+        cfg: &Config,
+        spec: &mut oci_spec::runtime::Spec,
+        inject: &dyn Fn(&[String], &mut oci_spec::runtime::Spec) -> Result<()>,
+    ) -> Result<()> {
+        if !self.active() {
+            return Ok(());
+        }
+        let _hidden = Hidden::new(&self.shared, &c.id);
+        let fail = |m: String| Error::FailedPrecondition(format!("container {}: {m}", c.id));
+        let pod = convert::pod(sb, cfg);
+        let shared = self.shared.clone();
+        // The read side is held across all plugins' calls: no plugin joins halfway.
+        let guard = self
+            .block_on(async move { shared.sync.clone().read_owned().await })
+            .ok_or_else(|| fail("NRI is shutting down".into()))?;
+        let mut owners = adjust::Owners::default();
+        let mut updates = Vec::new();
+        let mut evictions = Vec::new();
+        for p in ordered(&self.shared) {
+            if !p.subscribed(Event::CreateContainer) {
+                continue;
+            }
+            let mut json = serde_json::to_value(&*spec).map_err(|e| fail(e.to_string()))?;
+            let req = api::CreateContainerRequest {
+                pod: Some(pod.clone()),
+                container: Some(convert::creating(c, &json)),
+            };
+            let p2 = p.clone();
+            let reply = self
+                .block_on(async move {
+                    p2.request("CreateContainer", |cl, ctx| async move {
+                        cl.create_container(ctx, &req).await
+                    })
+                    .await
+                })
+                .unwrap_or(Err(Failure::Dropped("shutting down".into())));
+            let reply = match reply {
+                Ok(r) => r,
+                Err(Failure::Dropped(_)) => continue,
+                Err(Failure::Refused(m)) => return Err(fail(m)),
+            };
+            if reply.update.iter().any(|u| u.container_id == c.id) {
+                return Err(fail(format!(
+                    "NRI plugin {} asked to update the container it is creating",
+                    p.id
+                )));
+            }
+            updates.extend(reply.update);
+            evictions.extend(reply.evict);
+            if let Some(a) = &reply.adjust {
+                let cdi = adjust::apply(&mut json, a, &p.id, &mut owners)
+                    .map_err(|m| fail(format!("adjustment by NRI plugin {}: {m}", p.id)))?;
+                *spec = serde_json::from_value(json)
+                    .map_err(|e| fail(format!("adjustment by NRI plugin {}: {e}", p.id)))?;
+                inject(&cdi, spec)?;
+            }
+        }
+        drop(guard);
+        prune(&self.shared);
+        self.apply_updates("CreateContainer", &updates, &evictions);
+        Ok(())
+    }
+
+    fn apply_updates(
+        &self,
+        what: &str,
+        updates: &[api::ContainerUpdate],
+        evict: &[api::ContainerEviction],
+    ) {
+        if updates.is_empty() && evict.is_empty() {
+            return;
+        }
+        if let Some(u) = self.shared.updates.get() {
+            for f in u.apply(what, updates, evict) {
+                tracing::warn!(container_id = %f.container_id, from = what, "NRI plugin's container update failed");
+            }
+        }
+    }
+
+    pub(crate) fn post_create_container(
+        &self,
+        sb: &SandboxRecord,
+        c: &ContainerRecord,
+        cfg: &Config,
+    ) {
+        let _ = self.notify(
+            Event::PostCreateContainer,
+            convert::pod(sb, cfg),
+            Some(convert::container(c)),
+            false,
+        );
+    }
+
+    /// StartContainer: a plugin's error fails the start.
+    pub(crate) fn start_container(
+        &self,
+        sb: &SandboxRecord,
+        c: &ContainerRecord,
+        cfg: &Config,
+    ) -> Result<()> {
+        self.notify(
+            Event::StartContainer,
+            convert::pod(sb, cfg),
+            Some(convert::container(c)),
+            true,
+        )
+        .map_err(|m| Error::FailedPrecondition(format!("container {}: {m}", c.id)))
+    }
+
+    pub(crate) fn post_start_container(
+        &self,
+        sb: &SandboxRecord,
+        c: &ContainerRecord,
+        cfg: &Config,
+    ) {
+        let _ = self.notify(
+            Event::PostStartContainer,
+            convert::pod(sb, cfg),
+            Some(convert::container(c)),
+            false,
+        );
+    }
+
+    /// UpdateContainer: plugins may change the resources asked for (the last plugin's word
+    /// for this container wins) and update others. Returns the resources to apply.
+    pub(crate) fn update_container(
+        &self,
+        sb: &SandboxRecord,
+        c: &ContainerRecord,
+        cfg: &Config,
+        resources: &crate::model::resources::Resources,
+    ) -> Result<crate::model::resources::Resources> {
+        if !self.active() {
+            return Ok(resources.clone());
+        }
+        let fail = |m: String| Error::FailedPrecondition(format!("container {}: {m}", c.id));
+        let pod = convert::pod(sb, cfg);
+        let ctr = convert::container(c);
+        let mut want = resources.clone();
+        let shared = self.shared.clone();
+        let (mut updates, mut evictions) = (Vec::new(), Vec::new());
+        let guard = self
+            .block_on(async move { shared.sync.clone().read_owned().await })
+            .ok_or_else(|| fail("NRI is shutting down".into()))?;
+        for p in ordered(&self.shared) {
+            if !p.subscribed(Event::UpdateContainer) {
+                continue;
+            }
+            let req = api::UpdateContainerRequest {
+                pod: Some(pod.clone()),
+                container: Some(ctr.clone()),
+                linux_resources: Some(convert::resources(&want)),
+            };
+            let p2 = p.clone();
+            let reply = self
+                .block_on(async move {
+                    p2.request("UpdateContainer", |cl, ctx| async move {
+                        cl.update_container(ctx, &req).await
+                    })
+                    .await
+                })
+                .unwrap_or(Err(Failure::Dropped("shutting down".into())));
+            let reply = match reply {
+                Ok(r) => r,
+                Err(Failure::Dropped(_)) => continue,
+                Err(Failure::Refused(m)) => return Err(fail(m)),
+            };
+            for u in reply.update {
+                if u.container_id == c.id {
+                    if let Some(r) = u.linux.as_ref().and_then(|l| l.resources.as_ref()) {
+                        want = convert::update_resources(&want, r)
+                            .map_err(|m| fail(format!("update by NRI plugin {}: {m}", p.id)))?;
+                    }
+                } else {
+                    updates.push(u);
+                }
+            }
+            evictions.extend(reply.evict);
+        }
+        drop(guard);
+        prune(&self.shared);
+        self.apply_updates("UpdateContainer", &updates, &evictions);
+        Ok(want)
+    }
+
+    pub(crate) fn post_update_container(
+        &self,
+        sb: &SandboxRecord,
+        c: &ContainerRecord,
+        cfg: &Config,
+    ) {
+        let _ = self.notify(
+            Event::PostUpdateContainer,
+            convert::pod(sb, cfg),
+            Some(convert::container(c)),
+            false,
+        );
+    }
+
+    /// StopContainer: sent once per container, whether it was stopped or exited by itself;
+    /// plugins may update other containers (their freed resources).
+    pub(crate) fn stop_container(&self, sb: &SandboxRecord, c: &ContainerRecord, cfg: &Config) {
+        if !self.active() || !crate::lock(&self.shared.stopped).insert(c.id.clone()) {
+            return;
+        }
+        let pod = convert::pod(sb, cfg);
+        let ctr = convert::container(c);
+        let shared = self.shared.clone();
+        let updates = self
+            .block_on(async move {
+                let _g = shared.sync.read().await;
+                let mut updates = Vec::new();
+                for p in ordered(&shared) {
+                    if !p.subscribed(Event::StopContainer) {
+                        continue;
+                    }
+                    let req = api::StopContainerRequest {
+                        pod: Some(pod.clone()),
+                        container: Some(ctr.clone()),
+                    };
+                    match p
+                        .request("StopContainer", |cl, ctx| async move {
+                            cl.stop_container(ctx, &req).await
+                        })
+                        .await
+                    {
+                        Ok(r) => updates.extend(r.update),
+                        Err(Failure::Refused(m)) => {
+                            tracing::warn!(plugin = %p.id, error = %m, "NRI plugin failed StopContainer")
+                        }
+                        Err(Failure::Dropped(_)) => {}
+                    }
+                }
+                updates
+            })
+            .unwrap_or_default();
+        prune(&self.shared);
+        self.apply_updates("StopContainer", &updates, &[]);
+    }
+
+    /// RemoveContainer (StopContainer first if it never went out).
+    pub(crate) fn remove_container(&self, sb: &SandboxRecord, c: &ContainerRecord, cfg: &Config) {
+        if !self.active() {
+            crate::lock(&self.shared.stopped).remove(&c.id);
+            return;
+        }
+        self.stop_container(sb, c, cfg);
+        let _ = self.notify(
+            Event::RemoveContainer,
+            convert::pod(sb, cfg),
+            Some(convert::container(c)),
+            false,
+        );
+        crate::lock(&self.shared.stopped).remove(&c.id);
+    }
+
+    /// UpdatePodSandbox (pod resize): told, then PostUpdatePodSandbox.
+    pub(crate) fn update_pod_sandbox(&self, sb: &SandboxRecord, cfg: &Config) -> Result<()> {
+        if !self.active() {
+            return Ok(());
+        }
+        let pod = convert::pod(sb, cfg);
+        let shared = self.shared.clone();
+        let pod2 = pod.clone();
+        let r = self
+            .block_on(async move {
+                let _g = shared.sync.read().await;
+                for p in ordered(&shared) {
+                    if !p.subscribed(Event::UpdatePodSandbox) {
+                        continue;
+                    }
+                    let req = api::UpdatePodSandboxRequest {
+                        pod: Some(pod2.clone()),
+                        overhead_linux_resources: pod2
+                            .linux
+                            .as_ref()
+                            .and_then(|l| l.pod_overhead.clone()),
+                        linux_resources: pod2.linux.as_ref().and_then(|l| l.pod_resources.clone()),
+                    };
+                    if let Err(Failure::Refused(m)) = p
+                        .request("UpdatePodSandbox", |cl, ctx| async move {
+                            cl.update_pod_sandbox(ctx, &req).await
+                        })
+                        .await
+                    {
+                        return Err(m);
+                    }
+                }
+                Ok(())
+            })
+            .unwrap_or(Ok(()));
+        prune(&self.shared);
+        r.map_err(|m| Error::FailedPrecondition(format!("sandbox {}: {m}", sb.id)))?;
+        let _ = self.notify(Event::PostUpdatePodSandbox, pod, None, false);
+        Ok(())
+    }
+}
+
+/// The open plugins, in index order (then name).
+fn ordered(shared: &Shared) -> Vec<Arc<Plugin>> {
+    crate::lock(&shared.plugins)
+        .iter()
+        .filter(|p| !p.is_closed())
+        .cloned()
+        .collect()
+}
+
+/// Drops closed plugins from the list.
+fn prune(shared: &Shared) {
+    let mut l = crate::lock(&shared.plugins);
+    let before = l.len();
+    l.retain(|p| !p.is_closed());
+    let gone = before - l.len();
+    if gone > 0 {
+        shared.active.fetch_sub(gone, Ordering::AcqRel);
+    }
+}
+
+/// An id left out of List and Status while it lives.
+struct Hidden<'a> {
+    shared: &'a Shared,
+    id: String,
+}
+
+impl<'a> Hidden<'a> {
+    fn new(shared: &'a Shared, id: &str) -> Self {
+        crate::lock(&shared.hidden).insert(id.to_string());
+        Hidden {
+            shared,
+            id: id.to_string(),
+        }
+    }
+}
+
+impl Drop for Hidden<'_> {
+    fn drop(&mut self) {
+        crate::lock(&self.shared.hidden).remove(&self.id);
+    }
+}
+
+/// Accepts external plugins until the runtime ends.
+async fn accept(shared: Arc<Shared>, listener: tokio::net::UnixListener) {
+    loop {
+        let Ok((sock, _)) = listener.accept().await else {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        };
+        if shared.active.load(Ordering::Acquire) >= shared.cfg.max_plugins {
+            tracing::warn!(
+                max = shared.cfg.max_plugins,
+                "NRI plugin refused: too many plugins"
+            );
+            continue;
+        }
+        tokio::spawn(join(
+            shared.clone(),
+            sock,
+            plugin::Origin {
+                launched: None,
+                child: None,
+            },
+        ));
+    }
+}
+
+/// Registers, configures and synchronizes a plugin, then adds it to the list.
+async fn join(shared: Arc<Shared>, sock: tokio::net::UnixStream, origin: plugin::Origin) {
+    let Some(updates) = shared.updates.get().cloned() else {
+        return;
+    };
+    // Counted from now: events dispatched meanwhile wait for the sync below rather than
+    // skipping NRI altogether.
+    shared.active.fetch_add(1, Ordering::AcqRel);
+    let p = match plugin::connect(sock, origin, &shared.cfg, updates.clone()).await {
+        Ok(p) => p,
+        Err(e) => {
+            shared.active.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!(error = %e, "NRI plugin not registered");
+            return;
+        }
+    };
+    let _w = shared.sync.write().await;
+    let u = updates.clone();
+    let (pods, containers) = tokio::task::spawn_blocking(move || u.snapshot())
+        .await
+        .unwrap_or_default();
+    // In chunks under the protocol's message limit, `more` on all but the last; a plugin
+    // must echo it on each (else it does not handle split syncs and is dropped).
+    let chunks = sync_chunks(pods, containers);
+    let last = chunks.len() - 1;
+    let mut result = Err(Failure::Dropped("no reply".into()));
+    for (i, (pods, containers)) in chunks.into_iter().enumerate() {
+        let more = i < last;
+        let req = api::SynchronizeRequest {
+            pods,
+            containers,
+            more,
+        };
+        result = p
+            .request("Synchronize", |c, ctx| async move {
+                c.synchronize(ctx, &req).await
+            })
+            .await;
+        if let Ok(r) = &result {
+            if more && (!r.more || !r.update.is_empty()) {
+                result = Err(Failure::Dropped(
+                    "the plugin does not handle a Synchronize in parts".into(),
+                ));
+            }
+        }
+        if result.is_err() {
+            break;
+        }
+    }
+    match result {
+        Ok(r) => {
+            let id = p.id.clone();
+            let added = {
+                let mut l = crate::lock(&shared.plugins);
+                let dup = l.iter().any(|o| o.id == p.id && !o.is_closed());
+                if !dup {
+                    l.push(p.clone());
+                    l.sort_by(|a, b| (&a.idx, &a.name).cmp(&(&b.idx, &b.name)));
+                }
+                !dup
+            };
+            if !added {
+                p.close("a plugin of the same name and index is connected");
+                shared.active.fetch_sub(1, Ordering::AcqRel);
+                return;
+            }
+            drop(_w);
+            tracing::info!(plugin = %id, events = format!("{:#x}", p.events), "NRI plugin registered");
+            if !r.update.is_empty() {
+                let u = updates.clone();
+                let _ = tokio::task::spawn_blocking(move || u.apply(&id, &r.update, &[])).await;
+            }
+        }
+        Err(Failure::Refused(m) | Failure::Dropped(m)) => {
+            p.close(&m);
+            shared.active.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!(plugin = %p.id, error = %m, "NRI plugin failed to synchronize");
+        }
+    }
+}
+
+/// What one Synchronize message carries at most (the protocol's limit is 4 MiB).
+const SYNC_CHUNK_BYTES: usize = 3 << 20;
+
+/// Pods and containers in parts of at most [`SYNC_CHUNK_BYTES`] encoded (always one part).
+fn sync_chunks(
+    pods: Vec<api::PodSandbox>,
+    containers: Vec<api::Container>,
+) -> Vec<(Vec<api::PodSandbox>, Vec<api::Container>)> {
+    use sandboxd_nri_api::prost::Message;
+    let mut out = vec![(Vec::new(), Vec::new())];
+    let mut size = 0;
+    for p in pods {
+        let n = p.encoded_len() + 8;
+        if size + n > SYNC_CHUNK_BYTES && size > 0 {
+            out.push((Vec::new(), Vec::new()));
+            size = 0;
+        }
+        size += n;
+        out.last_mut().expect("one part").0.push(p);
+    }
+    for c in containers {
+        let n = c.encoded_len() + 8;
+        if size + n > SYNC_CHUNK_BYTES && size > 0 {
+            out.push((Vec::new(), Vec::new()));
+            size = 0;
+        }
+        size += n;
+        out.last_mut().expect("one part").1.push(c);
+    }
+    out
+}

@@ -1,0 +1,304 @@
+//! NRI through the daemon: a real plugin (the test suite's own, over the protocol's ttrpc and
+//! multiplexed socket) connects to the daemon's NRI socket. It sees every lifecycle event in
+//! order with names; its adjustments (env, a mount, the cpuset, an annotation) show in the
+//! running container; a blocked RunPodSandbox hook hides the pod from List; a refused
+//! CreateContainer fails cleanly and a retry works; a plugin joining late is sent every pod
+//! and container; a hung plugin costs its timeout once and is dropped, a vanished one too;
+//! nothing is left behind.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::cri::*;
+use common::nri_plugin::{Behavior, TestPlugin};
+use common::*;
+use sandboxd::api::v1 as cri;
+use sandboxd_nri_api::api;
+
+fn behavior(idx: &str, name: &str) -> Behavior {
+    Behavior {
+        name: name.into(),
+        idx: idx.into(),
+        ..Default::default()
+    }
+}
+
+fn pod_names(rt: &tokio::runtime::Runtime, c: &mut Client) -> Vec<String> {
+    rt.block_on(c.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None }))
+        .unwrap()
+        .into_inner()
+        .items
+        .into_iter()
+        .map(|p| p.metadata.unwrap().name)
+        .collect()
+}
+
+fn container_ids(rt: &tokio::runtime::Runtime, c: &mut Client) -> Vec<String> {
+    rt.block_on(c.list_containers(cri::ListContainersRequest { filter: None }))
+        .unwrap()
+        .into_inner()
+        .containers
+        .into_iter()
+        .map(|c| c.id)
+        .collect()
+}
+
+/// The plugins verbose Status lists.
+fn plugins(rt: &tokio::runtime::Runtime, c: &mut Client) -> Vec<String> {
+    let info = rt
+        .block_on(c.status(cri::StatusRequest { verbose: true }))
+        .unwrap()
+        .into_inner()
+        .info;
+    let nri: serde_json::Value = serde_json::from_str(&info["nri"]).unwrap();
+    nri["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn events_in_order_and_adjustments_show_in_the_container() {
+    let env = Env::new("nri-adjust");
+    let data = env.base.join("nri-data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("marker"), "from the plugin's mount\n").unwrap();
+    let (_d, rt, mut c) = daemon(&env);
+    let adjust = api::ContainerAdjustment {
+        annotations: HashMap::from([("nri.test/adjusted".to_string(), "yes".to_string())]),
+        env: vec![api::KeyValue {
+            key: "NRI_ADJUSTED".into(),
+            value: "yes".into(),
+        }],
+        mounts: vec![api::Mount {
+            destination: "/nri-data".into(),
+            r#type: "bind".into(),
+            source: data.display().to_string(),
+            options: vec!["rbind".into(), "ro".into()],
+        }],
+        linux: Some(api::LinuxContainerAdjustment {
+            resources: Some(api::LinuxResources {
+                cpu: Some(api::LinuxCpu {
+                    cpus: "0".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let plugin = TestPlugin::connect(
+        &env.cfg.nri.socket_path,
+        Behavior {
+            adjust: Some(adjust),
+            ..behavior("10", "adjust")
+        },
+    );
+    assert_eq!(plugins(&rt, &mut c), ["10-adjust"]);
+    let p = pod("nri", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    let id = create(
+        &rt,
+        &mut c,
+        &sb,
+        &p,
+        ctr("work", &["sleep", "1000"], serde_json::json!({})),
+    )
+    .unwrap();
+    start(&rt, &mut c, &id);
+    let out = exec(
+        &rt,
+        &mut c,
+        &id,
+        "echo env=$NRI_ADJUSTED; cat /nri-data/marker; touch /nri-data/x 2>/dev/null || echo read-only; grep Cpus_allowed_list /proc/self/status",
+    );
+    for want in [
+        "env=yes",
+        "from the plugin's mount",
+        "read-only",
+        "Cpus_allowed_list:\t0\n",
+    ] {
+        assert!(out.contains(want), "{want:?} not in:\n{out}");
+    }
+    let spec: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(
+            env.cfg
+                .root
+                .join("containers")
+                .join(&id)
+                .join("config.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(spec["annotations"]["nri.test/adjusted"], "yes");
+    rt.block_on(c.stop_container(cri::StopContainerRequest {
+        container_id: id.clone(),
+        timeout: 0,
+    }))
+    .unwrap();
+    remove_pod(&rt, &mut c, &sb);
+    plugin.wait_for("REMOVE_POD_SANDBOX nri");
+    assert_eq!(
+        plugin.events(),
+        [
+            "RUN_POD_SANDBOX nri",
+            "CREATE_CONTAINER work",
+            "POST_CREATE_CONTAINER work",
+            "START_CONTAINER work",
+            "POST_START_CONTAINER work",
+            "STOP_CONTAINER work",
+            "STOP_POD_SANDBOX nri",
+            "REMOVE_CONTAINER work",
+            "REMOVE_POD_SANDBOX nri",
+        ]
+    );
+    env.assert_no_leaks();
+}
+
+#[test]
+fn a_blocked_hook_hides_the_pod_and_a_refusal_fails_cleanly_then_a_retry_works() {
+    let env = Env::new("nri-block");
+    let (_d, rt, mut c) = daemon(&env);
+    let plugin = TestPlugin::connect(
+        &env.cfg.nri.socket_path,
+        Behavior {
+            block: Some("RUN_POD_SANDBOX"),
+            fail: Some(("CREATE_CONTAINER", 1)),
+            ..behavior("20", "gate")
+        },
+    );
+    let p = pod("gated", serde_json::json!({}));
+    let mut c2 = c.clone();
+    let req = cri::RunPodSandboxRequest {
+        config: Some(p.clone()),
+        runtime_handler: String::new(),
+    };
+    let running = rt.spawn(async move { c2.run_pod_sandbox(req).await });
+    plugin.wait_for("RUN_POD_SANDBOX gated");
+    // While the hook runs the pod is nobody's to see.
+    assert!(pod_names(&rt, &mut c).is_empty());
+    plugin.release();
+    let sb = rt
+        .block_on(running)
+        .unwrap()
+        .unwrap()
+        .into_inner()
+        .pod_sandbox_id;
+    assert_eq!(pod_names(&rt, &mut c), ["gated"]);
+
+    // Refused once: CreateContainer fails with the plugin's word, nothing is left, and the
+    // retry works.
+    let cfg = ctr("work", &["sleep", "1000"], serde_json::json!({}));
+    let e = create(&rt, &mut c, &sb, &p, cfg.clone()).unwrap_err();
+    assert!(
+        e.message()
+            .contains("test plugin gate refuses CREATE_CONTAINER"),
+        "{e:?}"
+    );
+    assert!(container_ids(&rt, &mut c).is_empty());
+    assert!(list_names(&env.cfg.root.join("containers")).is_empty());
+    let id = create(&rt, &mut c, &sb, &p, cfg).unwrap();
+    start(&rt, &mut c, &id);
+    assert_eq!(container_ids(&rt, &mut c), std::slice::from_ref(&id));
+    remove_pod(&rt, &mut c, &sb);
+    let ev = plugin.events();
+    // The refused creation got no other event; the retried one the whole life.
+    assert_eq!(
+        ev.iter()
+            .filter(|e| e.ends_with(" work"))
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+        [
+            "CREATE_CONTAINER work",
+            "CREATE_CONTAINER work",
+            "POST_CREATE_CONTAINER work",
+            "START_CONTAINER work",
+            "POST_START_CONTAINER work",
+            "STOP_CONTAINER work",
+            "REMOVE_CONTAINER work",
+        ]
+    );
+    env.assert_no_leaks();
+}
+
+#[test]
+fn a_late_plugin_is_sent_every_pod_and_container() {
+    let env = Env::new("nri-sync");
+    let (_d, rt, mut c) = daemon(&env);
+    let p = pod("early", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    sleeper(&rt, &mut c, &sb, &p, "first");
+    let plugin = TestPlugin::connect(&env.cfg.nri.socket_path, behavior("30", "late"));
+    assert_eq!(
+        plugin.synced(),
+        (vec!["early".to_string()], vec!["first".to_string()])
+    );
+    // And what comes after, as events.
+    sleeper(&rt, &mut c, &sb, &p, "second");
+    plugin.wait_for("POST_START_CONTAINER second");
+    remove_pod(&rt, &mut c, &sb);
+    env.assert_no_leaks();
+}
+
+#[test]
+fn a_hung_or_vanished_plugin_costs_its_timeout_once_and_is_dropped() {
+    let env = Env::new("nri-hung");
+    let mut cfg = env.cfg.clone();
+    cfg.nri.plugin_request_timeout = Duration::from_secs(1);
+    let (_d, rt, mut c) = daemon_with(&env, &cfg);
+    let hung = TestPlugin::connect(
+        &env.cfg.nri.socket_path,
+        Behavior {
+            hang: Some("CREATE_CONTAINER"),
+            ..behavior("40", "hung")
+        },
+    );
+    let gone = TestPlugin::connect(&env.cfg.nri.socket_path, behavior("50", "gone"));
+    assert_eq!(plugins(&rt, &mut c), ["40-hung", "50-gone"]);
+    let p = pod("patient", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    let t = Instant::now();
+    let id = create(
+        &rt,
+        &mut c,
+        &sb,
+        &p,
+        ctr("work", &["sleep", "1000"], serde_json::json!({})),
+    )
+    .unwrap();
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    assert_eq!(plugins(&rt, &mut c), ["50-gone"]);
+    // The other plugin disappears (its process dies): the next event drops it.
+    drop(gone);
+    start(&rt, &mut c, &id);
+    let t = Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !plugins(&rt, &mut c).is_empty() {
+        assert!(Instant::now() < deadline, "{:?}", plugins(&rt, &mut c));
+        let q = pod(
+            &format!("probe-{}", t.elapsed().as_millis()),
+            serde_json::json!({}),
+        );
+        let s = run_pod(&rt, &mut c, &q);
+        remove_pod(&rt, &mut c, &s);
+    }
+    // With no plugin, pods are as quick as ever.
+    let t = Instant::now();
+    let q = pod("after", serde_json::json!({}));
+    let s = run_pod(&rt, &mut c, &q);
+    remove_pod(&rt, &mut c, &s);
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    remove_pod(&rt, &mut c, &sb);
+    drop(hung);
+    env.assert_no_leaks();
+}
