@@ -112,6 +112,30 @@ fn gvisor_pod_end_to_end() {
     // Inside gVisor, not on the host kernel.
     let version = exec(&rt, &mut c, &cli, "cat /proc/version; dmesg | head -1");
     assert!(version.contains("gVisor"), "{version}");
+    // An exec runs as the container's process does: its user, groups, env, cwd and (for a
+    // non-root user) no capabilities — not as gVisor's root.
+    let user = create(
+        &rt,
+        &mut c,
+        &sb,
+        &p,
+        ctr(
+            "user",
+            &["sleep", "1000"],
+            serde_json::json!({"working_dir": "/tmp", "envs": [{"key": "MYVAR", "value": "mine"}],
+                "linux": {"security_context": {"run_as_user": {"value": 1001},
+                    "run_as_group": {"value": 1002}, "namespace_options": {"pid": 1}}}}),
+        ),
+    )
+    .unwrap();
+    start(&rt, &mut c, &user);
+    let who = exec(
+        &rt,
+        &mut c,
+        &user,
+        "id -u; id -g; echo $MYVAR; pwd; grep CapEff /proc/self/status",
+    );
+    assert_eq!(who, "1001\n1002\nmine\n/tmp\nCapEff:\t0000000000000000\n");
     // The pod's CNI address is the container's.
     let addrs = exec(&rt, &mut c, &cli, "ip addr");
     assert!(addrs.contains(&format!("inet {ip}/24")), "{addrs}");

@@ -377,14 +377,31 @@ impl OciRuntime {
     /// handed to that socket. `bounded`: the call ends within a time limit (ExecSync with a
     /// timeout: kubelet's probes), so it may run in the runtime's mount namespace, which it
     /// then holds that long; an open-ended session runs in the host's.
+    ///
+    /// The process is the container's own (its spec's `process`: user, groups, capabilities,
+    /// env, cwd, no_new_privs, rlimits) with `cmd` as its args, written next to `pid_file`
+    /// and passed whole (`exec --process`), as the peers do: runsc's exec would otherwise run
+    /// as root. A bundle without a readable spec falls back to the runtime's defaults.
     pub fn exec_command(
         &self,
         id: &str,
+        bundle: &Path,
         pid_file: &Path,
         console: Option<&Path>,
         cmd: &[String],
         bounded: bool,
     ) -> Command {
+        let process_file = pid_file.with_extension("process.json");
+        let process_file = match exec_process(bundle, cmd, console.is_some()).and_then(|p| {
+            crate::state::files::write_private(&process_file, p.to_string().as_bytes())
+                .map_err(|e| e.to_string())
+        }) {
+            Ok(()) => Some(process_file),
+            Err(e) => {
+                tracing::warn!(container_id = %id, error = %e, "exec without the container's process spec");
+                None
+            }
+        };
         let mut c = Command::new(&self.monitor);
         c.args(
             ExecArgs {
@@ -394,6 +411,7 @@ impl OciRuntime {
                 id: id.to_string(),
                 pid_file: pid_file.to_path_buf(),
                 console_socket: console.map(Path::to_path_buf),
+                process_file,
                 cmd: cmd.to_vec(),
             }
             .to_args(),
@@ -531,4 +549,24 @@ fn wait_exit_since(
         };
         delay = (delay * 2).min(cap);
     }
+}
+
+/// The exec'd process: the container's spec's `process` with `cmd` as its args and a
+/// terminal or not.
+fn exec_process(bundle: &Path, cmd: &[String], tty: bool) -> Result<serde_json::Value, String> {
+    let f = bundle.join("config.json");
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&f).map_err(|e| format!("{}: {e}", f.display()))?)
+            .map_err(|e| format!("{}: {e}", f.display()))?;
+    let mut p = spec
+        .get("process")
+        .cloned()
+        .filter(serde_json::Value::is_object)
+        .ok_or_else(|| format!("{}: no process", f.display()))?;
+    p["args"] = serde_json::json!(cmd);
+    p["terminal"] = serde_json::json!(tty);
+    if let Some(o) = p.as_object_mut() {
+        o.remove("consoleSize");
+    }
+    Ok(p)
 }

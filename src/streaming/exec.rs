@@ -158,6 +158,7 @@ pub async fn exec(
     };
     let mut c = tokio::process::Command::from(runtime.exec_command(
         id,
+        dir,
         &pid_file,
         console.as_deref(),
         cmd,
@@ -173,6 +174,7 @@ pub async fn exec(
     c.kill_on_drop(true);
     let cleanup = || {
         let _ = std::fs::remove_file(&pid_file);
+        let _ = std::fs::remove_file(pid_file.with_extension("process.json"));
         if let Some(p) = &console {
             let _ = std::fs::remove_file(p);
         }

@@ -28,6 +28,7 @@ const LOG_PATH: &str = "--log-path";
 const ATTACH_SOCKET: &str = "--attach-socket";
 const STDIN: &str = "--stdin";
 const CONSOLE_SOCKET: &str = "--console-socket";
+const PROCESS: &str = "--process";
 const RUNTIME_MOUNT_NS: &str = "--runtime-mount-ns";
 const VERSION: &str = "--version";
 /// The first argument of the exec mode.
@@ -203,6 +204,10 @@ pub struct ExecArgs {
     pub pid_file: PathBuf,
     /// The process gets a terminal, handed to this socket.
     pub console_socket: Option<PathBuf>,
+    /// The whole OCI process to run (`runtime exec --process`): the container's user,
+    /// groups, capabilities, env, cwd and no_new_privs with `cmd` as its args. The monitor
+    /// removes it once the runtime has read it.
+    pub process_file: Option<PathBuf>,
     /// The command and its arguments.
     pub cmd: Vec<String>,
 }
@@ -220,6 +225,9 @@ impl ExecArgs {
         a.opt(ID, &self.id).opt(PID_FILE, &self.pid_file);
         if let Some(s) = &self.console_socket {
             a.opt(CONSOLE_SOCKET, s);
+        }
+        if let Some(p) = &self.process_file {
+            a.opt(PROCESS, p);
         }
         a.word("--");
         for c in &self.cmd {
@@ -241,7 +249,7 @@ impl ExecArgs {
             }
             match k.as_str() {
                 RUNTIME_ARG => runtime_args.push(value(&mut it, &k)?),
-                RUNTIME | RUNTIME_ROOT | ID | PID_FILE | CONSOLE_SOCKET => {
+                RUNTIME | RUNTIME_ROOT | ID | PID_FILE | CONSOLE_SOCKET | PROCESS => {
                     let v = value(&mut it, &k)?;
                     opts.insert(k, v);
                 }
@@ -263,6 +271,7 @@ impl ExecArgs {
             id: req(ID)?,
             pid_file,
             console_socket: opts.remove(CONSOLE_SOCKET).map(PathBuf::from),
+            process_file: opts.remove(PROCESS).map(PathBuf::from),
             cmd,
         })
     }
@@ -373,6 +382,7 @@ mod tests {
             id: "abc".into(),
             pid_file: "/c/abc/exec-1.pid".into(),
             console_socket: Some("/s/1.sock".into()),
+            process_file: Some("/c/abc/exec-1.process.json".into()),
             cmd: vec!["sh".into(), "-c".into(), "echo --id".into()],
         };
         let argv = strings(e.to_args());
@@ -392,6 +402,8 @@ mod tests {
                 "/c/abc/exec-1.pid",
                 "--console-socket",
                 "/s/1.sock",
+                "--process",
+                "/c/abc/exec-1.process.json",
                 "--",
                 "sh",
                 "-c",

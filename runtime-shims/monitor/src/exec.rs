@@ -26,9 +26,18 @@ pub fn run(argv: Vec<String>) -> ! {
     if let Some(sock) = &args.console_socket {
         c.arg("--tty").arg("--console-socket").arg(sock);
     }
-    c.arg(&args.id).args(&args.cmd);
+    // The whole process (the container's user, capabilities, env, cwd) when given: runsc's
+    // exec would otherwise run as root, whatever the container's user.
+    match &args.process_file {
+        Some(p) => c.arg("--process").arg(p).arg(&args.id),
+        None => c.arg(&args.id).args(&args.cmd),
+    };
     c.env_remove("NOTIFY_SOCKET");
-    match c.status() {
+    let status = c.status();
+    if let Some(p) = &args.process_file {
+        let _ = std::fs::remove_file(p);
+    }
+    match status {
         Ok(s) if s.success() => {}
         Ok(s) => die(&format!("runtime exec failed: {s}")),
         Err(e) => die(&format!("runtime exec: {e}")),
