@@ -113,6 +113,11 @@ pub struct Config {
     /// Bytes of ExecSync output all calls running at once may keep (each call up to 16 MiB):
     /// concurrent calls cannot add up to more. What is over is read and dropped.
     pub exec_sync_output_budget: u64,
+    /// ExecSync calls running at once in one container; more are refused (ResourceExhausted)
+    /// rather than queued, so that one pod's execs cannot take the node's CRI threads.
+    pub exec_sync_max_per_container: usize,
+    /// ExecSync calls running at once on the node.
+    pub exec_sync_max: usize,
     /// GetContainerEvents: events a subscriber may fall behind before it is disconnected.
     pub events_backlog: usize,
     /// GetContainerEvents: subscribers connected at once (more are refused).
@@ -268,6 +273,8 @@ impl Default for Config {
             runtimes,
             runtime_timeout: Duration::from_secs(60),
             exec_sync_output_budget: 24 << 20,
+            exec_sync_max_per_container: 16,
+            exec_sync_max: 128,
             events_backlog: 1024,
             events_max_subscribers: 32,
             monitor_path: std::env::var_os("SANDBOXD_MONITOR").map(PathBuf::from),

@@ -105,6 +105,8 @@ pub struct Runtime {
     pub(crate) root_tag: String,
     /// Records found unreadable at start-up (left alone until removed explicitly).
     pub(crate) quarantine: Mutex<state::Quarantine>,
+    /// ExecSync calls running, per container and in all (`exec_sync_max*`).
+    pub(crate) exec_slots: container::exec::ExecSlots,
     /// ExecSync output kept by all calls at once (`exec_sync_output_budget`).
     pub(crate) exec_output: Arc<process::OutputBudget>,
     /// Lifecycle events for GetContainerEvents subscribers.
@@ -296,6 +298,7 @@ impl Runtime {
             root_tag,
             quarantine: Mutex::new(state::Quarantine::default()),
             exec_output: process::OutputBudget::new(cfg_budget),
+            exec_slots: container::exec::ExecSlots::default(),
             events: Arc::new(events::Hub::new(events_backlog, events_max)),
             metrics: Arc::new(metrics::prom::DaemonMetrics::new()),
             userns_support: std::sync::OnceLock::new(),
@@ -520,7 +523,19 @@ impl Runtime {
         cmd: &[String],
         timeout: std::time::Duration,
     ) -> Result<ExecResult> {
-        container::exec::exec_sync(self, id, cmd, timeout)
+        container::exec::exec_sync(self, id, cmd, timeout, None)
+    }
+
+    /// [`Runtime::exec_sync`] that ends (the command killed) as soon as `cancel` is raised —
+    /// the gRPC layer raises it when the caller goes away.
+    pub fn exec_sync_cancellable(
+        &self,
+        id: &str,
+        cmd: &[String],
+        timeout: std::time::Duration,
+        cancel: std::sync::Arc<process::Cancel>,
+    ) -> Result<ExecResult> {
+        container::exec::exec_sync(self, id, cmd, timeout, Some(cancel))
     }
 
     /// CheckpointContainer: CRIU dumps running container `id` (which keeps running) into the

@@ -214,3 +214,88 @@ fn the_daemon_stays_bounded_and_responsive_under_attack() {
         .unwrap();
     env.assert_no_leaks();
 }
+
+/// Long ExecSync calls (exec probes with hour-long timeouts are ordinary pod specs) are capped
+/// per container: past `exec_sync_max_per_container` they are refused at once with
+/// ResourceExhausted instead of taking the node's CRI threads; the rest of the CRI keeps
+/// answering meanwhile; and when their callers go away (cancelled RPCs) their commands are
+/// killed within seconds instead of running out their timeouts for nobody.
+#[test]
+fn exec_sync_is_capped_per_container_and_stops_when_its_caller_goes() {
+    use common::cri::*;
+    use sandboxd::api::v1 as cri;
+    use std::time::Instant;
+    let env = Env::new("hostile-execsync");
+    let mut cfg = env.cfg.clone();
+    cfg.exec_sync_max_per_container = 8;
+    let (_d, rt, mut c) = daemon_with(&env, &cfg);
+    let p = pod("execs", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    let id = sleeper(&rt, &mut c, &sb, &p, "target");
+    let sleeping = || {
+        processes_mentioning("sleep 3600")
+            .iter()
+            .filter(|c| c.trim() == "sleep 3600")
+            .count()
+    };
+    let calls: Vec<_> = (0..20)
+        .map(|_| {
+            let mut c2 = c.clone();
+            let id = id.clone();
+            rt.spawn(async move {
+                c2.exec_sync(cri::ExecSyncRequest {
+                    container_id: id,
+                    cmd: vec!["sleep".into(), "3600".into()],
+                    timeout: 3600,
+                })
+                .await
+            })
+        })
+        .collect();
+    // 12 refused at once, 8 running.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while calls.iter().filter(|t| t.is_finished()).count() < 12 || sleeping() < 8 {
+        assert!(
+            Instant::now() < deadline,
+            "{} finished, {} sleeping",
+            calls.iter().filter(|t| t.is_finished()).count(),
+            sleeping()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(sleeping(), 8);
+    let (done, running): (Vec<_>, Vec<_>) = calls.into_iter().partition(|t| t.is_finished());
+    assert_eq!(done.len(), 12);
+    for t in done {
+        let e = rt.block_on(t).unwrap().unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("exec_sync_max_per_container"), "{e:?}");
+    }
+    // The rest of the CRI answers quickly meanwhile.
+    let mut times: Vec<Duration> = (0..50)
+        .map(|_| {
+            let t = Instant::now();
+            rt.block_on(c.container_status(cri::ContainerStatusRequest {
+                container_id: id.clone(),
+                verbose: false,
+            }))
+            .unwrap();
+            t.elapsed()
+        })
+        .collect();
+    times.sort();
+    assert!(times[49] < Duration::from_millis(100), "{times:?}");
+    // The callers go: their commands are killed.
+    for t in running {
+        t.abort();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sleeping() > 0 {
+        assert!(Instant::now() < deadline, "{} still sleeping", sleeping());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(exec(&rt, &mut c, &id, "echo ok"), "ok\n");
+    remove_pod(&rt, &mut c, &sb);
+    env.assert_no_leaks();
+}

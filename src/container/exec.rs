@@ -24,6 +24,7 @@ pub(crate) fn exec_sync(
     id: &str,
     cmd: &[String],
     timeout: Duration,
+    cancel: Option<std::sync::Arc<crate::process::Cancel>>,
 ) -> Result<ExecResult> {
     let entry = rt.container_entry(id)?;
     let rec = require(rt, &entry, &[ContainerState::Running], |r| {
@@ -32,11 +33,16 @@ pub(crate) fn exec_sync(
     if cmd.is_empty() {
         return Err(Error::InvalidArgument("cmd must not be empty".into()));
     }
+    let _slot = rt.exec_slots.take(
+        &rec.id,
+        rt.cfg.exec_sync_max_per_container,
+        rt.cfg.exec_sync_max,
+    )?;
     let runtime = rt.handler(&rec.runtime_handler)?;
     let pid_file = rec
         .dir
         .join(format!("exec-{}.pid", &crate::validate::new_id()[..12]));
-    let c = runtime.exec_command(&rec.id, &pid_file, None, cmd, !timeout.is_zero());
+    let c = runtime.exec_command(&rec.id, &rec.dir, &pid_file, None, cmd, !timeout.is_zero());
     let limits = crate::process::Limits {
         timeout: (!timeout.is_zero()).then_some(timeout),
         stdout_cap: MAX_EXEC_OUTPUT,
@@ -45,6 +51,7 @@ pub(crate) fn exec_sync(
         // take what arrives shortly after the exit, never wait for that process.
         drain: Duration::from_secs(1),
         budget: Some(rt.exec_output.clone()),
+        cancel,
     };
     let mut killed: Vec<i32> = Vec::new();
     let r = crate::process::run_with(c, b"", &limits, |_| {
@@ -57,6 +64,7 @@ pub(crate) fn exec_sync(
         }
     });
     let _ = std::fs::remove_file(&pid_file);
+    let _ = std::fs::remove_file(pid_file.with_extension("process.json"));
     match r {
         Ok(out) => {
             if out.stdout_dropped + out.stderr_dropped > 0 {
@@ -81,7 +89,67 @@ pub(crate) fn exec_sync(
                 rec.id
             )))
         }
+        Err(crate::process::RunError::Cancelled { .. }) => {
+            crate::process::wait_reaped(&killed, Duration::from_secs(2));
+            tracing::info!(container_id = %rec.id, "ExecSync's caller went away: its command was killed");
+            Err(Error::DeadlineExceeded(format!(
+                "command {cmd:?} in container {}: the caller went away; killed",
+                rec.id
+            )))
+        }
         Err(e) => Err(Error::step("exec in container", &rec.id, e)),
+    }
+}
+
+/// ExecSync calls running, per container and in all.
+#[derive(Default)]
+pub(crate) struct ExecSlots {
+    running: std::sync::Mutex<(usize, std::collections::HashMap<String, usize>)>,
+}
+
+/// One running ExecSync; its slot is given back when dropped.
+pub(crate) struct ExecSlot<'a> {
+    slots: &'a ExecSlots,
+    id: String,
+}
+
+impl ExecSlots {
+    /// A slot for one more ExecSync in container `id`, or ResourceExhausted saying which
+    /// limit is reached.
+    pub(crate) fn take(&self, id: &str, per_container: usize, all: usize) -> Result<ExecSlot<'_>> {
+        let mut g = crate::lock(&self.running);
+        let (total, per) = &mut *g;
+        let mine = per.get(id).copied().unwrap_or(0);
+        if mine >= per_container {
+            return Err(Error::ResourceExhausted(format!(
+                "container {id} already runs {mine} ExecSync calls (exec_sync_max_per_container)"
+            )));
+        }
+        if *total >= all {
+            return Err(Error::ResourceExhausted(format!(
+                "the node already runs {total} ExecSync calls (exec_sync_max)"
+            )));
+        }
+        *total += 1;
+        *per.entry(id.to_string()).or_default() += 1;
+        Ok(ExecSlot {
+            slots: self,
+            id: id.to_string(),
+        })
+    }
+}
+
+impl Drop for ExecSlot<'_> {
+    fn drop(&mut self) {
+        let mut g = crate::lock(&self.slots.running);
+        let (total, per) = &mut *g;
+        *total -= 1;
+        if let Some(n) = per.get_mut(&self.id) {
+            *n -= 1;
+            if *n == 0 {
+                per.remove(&self.id);
+            }
+        }
     }
 }
 

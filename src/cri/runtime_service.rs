@@ -387,9 +387,14 @@ impl RuntimeService for CriService {
             req.cmd,
             std::time::Duration::from_secs(req.timeout.max(0) as u64),
         );
+        // Raised if this future is dropped (the client cancelled or its deadline passed):
+        // the command is killed then, not left to run out its timeout for nobody.
+        let cancel = crate::process::Cancel::new()
+            .map_err(|e| Status::resource_exhausted(format!("ExecSync: eventfd: {e}")))?;
+        let _on_drop = CancelOnDrop(cancel.clone());
         let r = self
             .blocking("ExecSync", &req.container_id, move |rt| {
-                rt.exec_sync(&i, &cmd, t)
+                rt.exec_sync_cancellable(&i, &cmd, t, cancel)
             })
             .await?;
         Ok(Response::new(cri::ExecSyncResponse {
@@ -609,5 +614,14 @@ impl RuntimeService for CriService {
         })
         .await?;
         Ok(Response::new(cri::UpdatePodSandboxResourcesResponse {}))
+    }
+}
+
+/// Raises its flag when dropped: an RPC future dropped before it finished had its caller go.
+struct CancelOnDrop(std::sync::Arc<crate::process::Cancel>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
     }
 }

@@ -19,7 +19,9 @@ mod tree;
 
 pub use output::OutputBudget;
 pub use pidfile::{kill_pid_file, read_pid};
-pub use run::{exit_code, run, run_with, run_with_stdio, wait_until, Limits, Output, RunError};
+pub use run::{
+    exit_code, run, run_with, run_with_stdio, wait_until, Cancel, Limits, Output, RunError,
+};
 /// The pidfds and the umask the monitor uses too, from the contract they share.
 pub use sandboxd_shim_common::{fd::pidfd_open, runtime::private_umask};
 pub use tree::{

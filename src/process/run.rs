@@ -49,6 +49,8 @@ pub enum RunError {
         /// What it said on stderr before it was killed.
         stderr: String,
     },
+    #[error("{program} was killed: its caller went away")]
+    Cancelled { program: String },
     #[error("waiting for {program}: {source}")]
     Wait {
         program: String,
@@ -70,6 +72,47 @@ pub struct Limits {
     pub drain: Duration,
     /// A budget shared with other calls that what is kept also counts against.
     pub budget: Option<Arc<OutputBudget>>,
+    /// Raised when whoever waits for the result has gone: the child is killed as at its
+    /// time limit, and the run ends with [`RunError::Cancelled`].
+    pub cancel: Option<Arc<Cancel>>,
+}
+
+/// A flag one thread raises to end another's run early (an RPC whose client went away): an
+/// eventfd the run polls with its child's pipes.
+#[derive(Debug)]
+pub struct Cancel {
+    fd: OwnedFd,
+}
+
+impl Cancel {
+    pub fn new() -> std::io::Result<Arc<Cancel>> {
+        // SAFETY: eventfd with flags only; the result is checked and owned at once.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor nobody else owns.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        Ok(Arc::new(Cancel { fd }))
+    }
+
+    /// Raises the flag (idempotent).
+    pub fn cancel(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writing 8 bytes from a local array to our own eventfd.
+        unsafe { libc::write(self.fd.as_raw_fd(), one.as_ptr().cast(), 8) };
+    }
+
+    /// Whether the flag is up.
+    pub fn is_cancelled(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
 }
 
 impl Limits {
@@ -81,6 +124,7 @@ impl Limits {
             stderr_cap: 64 << 10,
             drain: Duration::from_millis(500),
             budget: None,
+            cancel: None,
         }
     }
 }
@@ -208,6 +252,14 @@ fn run_inner(
             (true, Some(d), _) => Some(d),
             (_, _, dl) => dl,
         };
+        let cancelled =
+            status.is_none() && limits.cancel.as_ref().is_some_and(|c| c.is_cancelled());
+        if cancelled {
+            on_timeout(pid);
+            kill_group(pid);
+            let _ = child.wait();
+            return Err(RunError::Cancelled { program });
+        }
         if until.is_some_and(|u| now >= u) {
             if status.is_some() {
                 break; // drained long enough: whatever still holds the pipes is not ours
@@ -241,6 +293,14 @@ fn run_inner(
             _ => None,
         };
         slot(child_fd, libc::POLLIN);
+        slot(
+            limits
+                .cancel
+                .as_ref()
+                .filter(|_| status.is_none())
+                .map(|c| c.fd.as_raw_fd()),
+            libc::POLLIN,
+        );
         // Without a pidfd (old kernel) the exit is noticed by polling every 10 ms.
         let ms = if pidfd.is_none() && status.is_none() {
             if ms < 0 {

@@ -73,6 +73,7 @@ fn output_is_capped_and_a_lingering_grandchild_does_not_hold_us() {
         stdout_cap: 1 << 20,
         stderr_cap: 1024,
         drain: Duration::from_millis(200),
+        cancel: None,
         budget: None,
     };
     let t = Instant::now();
@@ -93,6 +94,7 @@ fn a_shared_budget_bounds_concurrent_calls() {
         stdout_cap: 2 << 20,
         stderr_cap: 1024,
         drain: Duration::from_millis(200),
+        cancel: None,
         budget: Some(budget.clone()),
     };
     let outs: Vec<Output> = std::thread::scope(|s| {
