@@ -7,6 +7,9 @@
 //!
 //! Usage: cargo bench --bench lifecycle -- [--pods N] [--infra yes|no] [--conc C]
 //!        [--driver auto|systemd|cgroupfs]   (the cgroup driver; auto: systemd where it is PID 1)
+//!        [--nri off|idle|noop]   (NRI disabled; enabled with its socket served and no plugin
+//!        (the default); or with one plugin that subscribes to every event and changes nothing,
+//!        `sandboxd-nri-logger`)
 //! (`--infra`/`--conc` run one row only; `SANDBOXD_BENCH_LOG=debug` prints the library's
 //! tracing, e.g. each CNI plugin call's duration, to stderr.)
 
@@ -202,10 +205,21 @@ fn rss_kib(pid: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The no-op plugin's process, ended with the benchmark.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn main() {
     let mut pods = 60usize;
     let (mut only_infra, mut only_conc) = (None, None);
     let mut driver = sandboxd::config::CgroupDriver::Auto;
+    let mut nri = "idle".to_string();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -219,6 +233,7 @@ fn main() {
                     _ => sandboxd::config::CgroupDriver::Auto,
                 }
             }
+            "--nri" => nri = args.next().expect("--nri off|idle|noop"),
             _ => {}
         }
     }
@@ -245,7 +260,34 @@ fn main() {
     cfg.default_network.ip_masq = false;
     cfg.cgroup_parent = CGROUP_PARENT.into();
     cfg.cgroup_driver = driver;
-    let rt = Runtime::new(cfg).expect("runtime");
+    cfg.nri.enable = nri != "off";
+    let socket = cfg.nri.socket_path.clone();
+    let rt = std::sync::Arc::new(Runtime::new(cfg).expect("runtime"));
+    rt.start_nri().expect("NRI");
+    let _plugin = (nri == "noop").then(|| {
+        let child = Command::new(env!("CARGO_BIN_EXE_sandboxd-nri-logger"))
+            .args([
+                "--socket",
+                &socket.to_string_lossy(),
+                "--name",
+                "noop",
+                "--idx",
+                "90",
+            ])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start sandboxd-nri-logger");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while rt.nri_plugins().is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "the no-op plugin did not register"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        KillOnDrop(child)
+    });
+    eprintln!("NRI: {nri}");
     let systemd = rt.cgroup_driver() == sandboxd::cgroups::Driver::Systemd;
     eprintln!("cgroup driver: {:?}", rt.cgroup_driver());
 

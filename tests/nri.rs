@@ -302,3 +302,59 @@ fn a_hung_or_vanished_plugin_costs_its_timeout_once_and_is_dropped() {
     drop(hung);
     env.assert_no_leaks();
 }
+
+/// A plugin in `plugin_path` (`NN-name`, here the project's `sandboxd-nri-logger`) is started
+/// by the daemon with its config file, registered under its file's name, adjusts containers,
+/// and goes when the daemon does (its socket closes: it ends; nothing is left).
+#[test]
+fn a_preinstalled_plugin_is_started_configured_and_gone_with_the_daemon() {
+    let env = Env::new("nri-pre");
+    let events = env.base.join("nri-events");
+    std::fs::create_dir_all(&env.cfg.nri.plugin_path).unwrap();
+    std::fs::create_dir_all(&env.cfg.nri.plugin_config_path).unwrap();
+    let exe = env.cfg.nri.plugin_path.join("05-logger");
+    std::fs::copy(env!("CARGO_BIN_EXE_sandboxd-nri-logger"), &exe).unwrap();
+    // Not NN-name, or not executable: not started.
+    std::fs::write(env.cfg.nri.plugin_path.join("logger"), "#!/bin/sh\n").unwrap();
+    std::fs::write(
+        env.cfg.nri.plugin_config_path.join("logger.conf"),
+        serde_json::json!({"events_file": events, "env": {"FROM_LOGGER": "1"}}).to_string(),
+    )
+    .unwrap();
+    let (d, rt, mut c) = daemon(&env);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while plugins(&rt, &mut c) != ["05-logger"] {
+        assert!(Instant::now() < deadline, "{:?}", plugins(&rt, &mut c));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let p = pod("pre", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    let id = sleeper(&rt, &mut c, &sb, &p, "work");
+    assert_eq!(exec(&rt, &mut c, &id, "echo from=$FROM_LOGGER"), "from=1\n");
+    remove_pod(&rt, &mut c, &sb);
+    let log = std::fs::read_to_string(&events).unwrap();
+    assert!(log.starts_with("CONFIGURE sandboxd "), "{log}");
+    for want in [
+        "SYNCHRONIZE 0 pods 0 containers",
+        "RUN_POD_SANDBOX pre",
+        "CREATE_CONTAINER work",
+        "START_CONTAINER work",
+        "STOP_CONTAINER work",
+        "REMOVE_POD_SANDBOX pre",
+    ] {
+        assert!(log.contains(want), "{want:?} not in:\n{log}");
+    }
+    let needle = exe.display().to_string();
+    assert_eq!(processes_mentioning(&needle).len(), 1);
+    drop(d);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !processes_mentioning(&needle).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{:?}",
+            processes_mentioning(&needle)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    env.assert_no_leaks();
+}
