@@ -130,6 +130,8 @@ impl Nri {
         if self.shared.updates.set(updates).is_err() {
             return Ok(());
         }
+        // The socket is registered with this runtime's reactor, whoever calls.
+        let _in_runtime = t.enter();
         let shared = self.shared.clone();
         for l in launch::discover(&shared.cfg)? {
             let shared = shared.clone();
