@@ -704,6 +704,34 @@ async fn join(shared: Arc<Shared>, sock: tokio::net::UnixStream, origin: plugin:
     }
 }
 
+/// For the fuzz target: a plugin's CreateContainer answer (protobuf) applied, as two plugins
+/// would, to a container's spec, and the result read back as an OCI spec the way the daemon
+/// does. Never panics; errors are the plugin's refusals.
+#[doc(hidden)]
+pub fn fuzz_adjustment(answer: &[u8]) {
+    use sandboxd_nri_api::prost::Message;
+    let Ok(reply) = api::CreateContainerResponse::decode(answer) else {
+        return;
+    };
+    let Some(a) = reply.adjust else {
+        return;
+    };
+    let mut spec = serde_json::json!({
+        "ociVersion": "1.0.2",
+        "process": {"args": ["sh"], "env": ["PATH=/bin"], "cwd": "/"},
+        "root": {"path": "rootfs"},
+        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
+        "linux": {"namespaces": [{"type": "mount"}]}
+    });
+    let mut owners = adjust::Owners::default();
+    for plugin in ["10-one", "20-two"] {
+        if adjust::apply(&mut spec, &a, plugin, &mut owners).is_err() {
+            return;
+        }
+        let _ = serde_json::from_value::<oci_spec::runtime::Spec>(spec.clone());
+    }
+}
+
 /// What one Synchronize message carries at most (the protocol's limit is 4 MiB).
 const SYNC_CHUNK_BYTES: usize = 3 << 20;
 
