@@ -117,9 +117,27 @@ pub(crate) fn checkpoint(rt: &Runtime, id: &str, location: &Path) -> Result<()> 
         std::fs::write(&p, config).map_err(|e| host("write", &p, e))?;
         let p = work.join("spec.dump");
         std::fs::copy(rec.dir.join("config.json"), &p).map_err(|e| host("copy", &p, e))?;
-        // What the container wrote: its overlay upper dir, links stored as links.
+        // What the container wrote: its overlay upper dir, walked fd-relative (the
+        // container runs and may swap any path for a link meanwhile), bounded; what it
+        // deleted from the image, as CRI-O lists it.
         let p = work.join("rootfs-diff.tar");
-        tar_dir(&rec.upper_dir(), &p, ".").map_err(|e| host("write", &p, e))?;
+        let diff = super::rootfs_diff::write(
+            &rec.upper_dir(),
+            &p,
+            &super::rootfs_diff::Bounds::checkpoint(),
+        )
+        .map_err(|e| host("write", &p, e))?;
+        if !diff.skipped.is_empty() {
+            tracing::info!(container_id = %rec.id, skipped = ?diff.skipped, "not archived: sockets, FIFOs and devices");
+        }
+        let p = work.join("deleted.files");
+        let deleted: Vec<String> = diff
+            .deleted
+            .iter()
+            .map(|d| format!("/{}", d.display()))
+            .collect();
+        std::fs::write(&p, serde_json::to_vec(&deleted).unwrap_or_default())
+            .map_err(|e| host("write", &p, e))?;
         // The archive itself: written beside its place and renamed in, so a failure leaves
         // no half archive.
         let tmp = PathBuf::from(format!("{}.tmp-{}", location.display(), std::process::id()));

@@ -11,6 +11,7 @@ pub(crate) mod exec;
 pub(crate) mod image_volume;
 pub(crate) mod remove;
 pub(crate) mod restore;
+pub mod rootfs_diff;
 pub mod spec;
 pub(crate) mod start;
 pub(crate) mod status;
