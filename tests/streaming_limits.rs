@@ -391,3 +391,64 @@ fn half_open_connections_are_capped_and_timed_out() {
     assert_eq!(c.text(out), "alive\n");
     s.finish();
 }
+
+/// A flood of half-open connections (more arriving all the time, the total cap full) does not
+/// lock out a real client: at the cap the oldest connection that has sent no request makes
+/// room, so a client that sends its request at once gets its session.
+#[test]
+fn a_real_exec_gets_through_a_half_open_flood() {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let s = setup("st-flood", "exec sleep 1000", 60);
+    let srv = s
+        .tokio
+        .block_on(StreamingServer::start(
+            s.rt.clone(),
+            StreamingConfig {
+                max_connections: 64,
+                max_connections_per_ip: 64,
+                header_timeout_secs: 30,
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    let addr = srv.addr;
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut held = std::collections::VecDeque::new();
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(mut c) = std::net::TcpStream::connect(addr) {
+                    let _ = c.write_all(b"GET /exec/x HTTP/1.1\r\n");
+                    held.push_back(c);
+                }
+                if held.len() > 300 {
+                    held.pop_front();
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    for i in 0..5 {
+        let url = srv
+            .exec_url(Target::Exec {
+                container_id: s.container.clone(),
+                cmd: vec!["echo".into(), format!("alive {i}")],
+                tty: false,
+                stdin: false,
+                stdout: true,
+                stderr: false,
+            })
+            .unwrap();
+        let mut c = Client::connect(&url, &["v4.channel.k8s.io"]).unwrap();
+        let err = c.open(&[("streamtype", "error")]);
+        let out = c.open(&[("streamtype", "stdout")]);
+        c.wait_ended(&[err, out]);
+        assert_eq!(c.text(out), format!("alive {i}\n"));
+    }
+    stop.store(true, Ordering::Relaxed);
+    flood.join().unwrap();
+    s.finish();
+}

@@ -286,16 +286,20 @@ impl StreamingServer {
                         continue;
                     }
                 };
-                let Some(slot) = limits.admit(peer.ip()) else {
+                let Some(slot) = limits.admit_evicting(peer.ip()) else {
                     tracing::debug!(%peer, "streaming connection over the cap; closed");
                     drop(tcp);
                     continue;
                 };
+                let slot = Arc::new(slot);
                 let (s, tls) = (s.clone(), tls.clone());
                 let header_timeout = s_header_timeout(&s);
-                tokio::spawn(async move {
-                    let _slot = slot;
+                let conn_slot = slot.clone();
+                let task = tokio::spawn(async move {
+                    let slot = conn_slot;
+                    let active = slot.clone();
                     let svc = hyper::service::service_fn(move |req| {
+                        active.active();
                         let s = s.clone();
                         async move { Ok::<_, std::convert::Infallible>(s.handle(req).await) }
                     });
@@ -329,7 +333,9 @@ impl StreamingServer {
                     if let Err(e) = r {
                         tracing::debug!(%peer, error = %e, "streaming connection ended");
                     }
+                    drop(slot);
                 });
+                slot.track(task.abort_handle());
             }
         });
         tracing::info!(address = %addr, "streaming server listening");
