@@ -120,6 +120,9 @@ pub struct Config {
     pub exec_sync_max: usize,
     /// GetContainerEvents: events a subscriber may fall behind before it is disconnected.
     pub events_backlog: usize,
+    /// GetContainerEvents: bytes of events a subscriber may fall behind (each event carries
+    /// every container of its pod) before it is disconnected.
+    pub events_backlog_bytes: usize,
     /// GetContainerEvents: subscribers connected at once (more are refused).
     pub events_max_subscribers: usize,
     /// The monitor binary (`sandboxd-monitor`); default: `$SANDBOXD_MONITOR`, else next to the
@@ -276,6 +279,7 @@ impl Default for Config {
             exec_sync_max_per_container: 16,
             exec_sync_max: 128,
             events_backlog: 1024,
+            events_backlog_bytes: 64 << 20,
             events_max_subscribers: 32,
             monitor_path: std::env::var_os("SANDBOXD_MONITOR").map(PathBuf::from),
             pause_path: std::env::var_os("SANDBOXD_PAUSE").map(PathBuf::from),

@@ -283,6 +283,7 @@ impl Runtime {
         let cfg_budget = cfg.exec_sync_output_budget as usize;
         let stats_period = cfg.stats_collect_period;
         let (events_backlog, events_max) = (cfg.events_backlog, cfg.events_max_subscribers);
+        let events_bytes = cfg.events_backlog_bytes;
         let images = image::ImageStore::with_config(cfg.root.join("images"), cfg.images.clone())?;
         // What an interrupted pull or import left behind: its process is gone (or, for names
         // from before the pid was in them, older than any running one).
@@ -299,7 +300,9 @@ impl Runtime {
             quarantine: Mutex::new(state::Quarantine::default()),
             exec_output: process::OutputBudget::new(cfg_budget),
             exec_slots: container::exec::ExecSlots::default(),
-            events: Arc::new(events::Hub::new(events_backlog, events_max)),
+            events: Arc::new(
+                events::Hub::new(events_backlog, events_max).with_max_bytes(events_bytes),
+            ),
             metrics: Arc::new(metrics::prom::DaemonMetrics::new()),
             userns_support: std::sync::OnceLock::new(),
             fs_usage: metrics::FsUsageCache::new(stats_period),

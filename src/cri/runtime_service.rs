@@ -261,6 +261,9 @@ impl RuntimeService for CriService {
                     Err(crate::events::Ended::FellBehind { backlog }) => Err(Status::resource_exhausted(format!(
                         "this event subscriber fell {backlog} events behind and was disconnected; relist and subscribe again"
                     ))),
+                    Err(crate::events::Ended::FellBehindBytes { bytes }) => Err(Status::resource_exhausted(format!(
+                        "this event subscriber fell {bytes} bytes of events behind and was disconnected; relist and subscribe again"
+                    ))),
                     Err(crate::events::Ended::Closed) => break,
                 };
                 let last = item.is_err();

@@ -3,8 +3,9 @@
 //! The lifecycle code publishes an [`Event`] after each transition (created, started,
 //! stopped, deleted — of a container, or of a pod with the pod's id as `container_id`, as
 //! CRI-O does), carrying the pod's status and every container status at that moment. Each
-//! subscriber has its own queue of at most `backlog` events: one that stops reading is cut off
-//! when its queue is full (its queue is freed at once and its stream ends with an error),
+//! subscriber has its own queue of at most `backlog` events and `max_bytes` of them (an
+//! event of a pod of many containers, each with large annotations, is big): one that stops
+//! reading is cut off when its queue is full (its queue is freed at once and its stream ends with an error),
 //! so a stalled client never grows the daemon's memory and never slows the others.
 //!
 //! Exits that happened while the daemon was down are folded in during restore; the events
@@ -59,13 +60,62 @@ pub enum Ended {
         /// The queue limit it overran (`events_backlog`).
         backlog: usize,
     },
+    /// The events it had not read came to more than `bytes` (`events_backlog_bytes`).
+    FellBehindBytes {
+        /// The limit it overran.
+        bytes: usize,
+    },
     /// The runtime is going away.
     Closed,
 }
 
 struct Queue {
     events: VecDeque<Arc<Event>>,
+    /// What `events` come to, as [`approx_bytes`] counts.
+    bytes: usize,
     ended: Option<Ended>,
+}
+
+impl Queue {
+    fn pop(&mut self) -> Option<Arc<Event>> {
+        let e = self.events.pop_front()?;
+        self.bytes = self.bytes.saturating_sub(approx_bytes(&e));
+        Some(e)
+    }
+}
+
+/// What an event holds, roughly (strings and entries counted, fixed parts estimated): what a
+/// subscriber's queue is bounded by besides its length.
+pub fn approx_bytes(e: &Event) -> usize {
+    fn map(m: &std::collections::BTreeMap<String, String>) -> usize {
+        m.iter().map(|(k, v)| k.len() + v.len() + 48).sum()
+    }
+    let pod = e
+        .sandbox
+        .as_ref()
+        .map_or(0, |s| 1024 + map(&s.labels) + map(&s.annotations));
+    let containers: usize = e
+        .containers
+        .iter()
+        .map(|r| {
+            let c = &r.config;
+            2048 + map(&c.labels)
+                + map(&c.annotations)
+                + c.envs
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len() + 48)
+                    .sum::<usize>()
+                + c.command
+                    .iter()
+                    .chain(&c.args)
+                    .map(|a| a.len() + 24)
+                    .sum::<usize>()
+                + c.mounts.len() * 512
+                + r.message.len()
+                + r.reason.len()
+        })
+        .sum();
+    256 + e.container_id.len() + pod + containers
 }
 
 struct Subscriber {
@@ -89,9 +139,16 @@ pub struct Hub {
     restoring: AtomicBool,
     backlog: usize,
     max_subscribers: usize,
+    max_bytes: usize,
 }
 
 impl Hub {
+    /// The same hub with each subscriber's queue also bounded to `bytes` of events.
+    pub fn with_max_bytes(mut self, bytes: usize) -> Self {
+        self.max_bytes = bytes.max(1);
+        self
+    }
+
     /// A hub that keeps at most `backlog` undelivered events per subscriber and accepts at
     /// most `max_subscribers` at once. It starts in restore mode (see [`Hub::restored`]).
     pub fn new(backlog: usize, max_subscribers: usize) -> Self {
@@ -105,6 +162,7 @@ impl Hub {
             restoring: AtomicBool::new(true),
             backlog: backlog.max(1),
             max_subscribers,
+            max_bytes: usize::MAX,
         }
     }
 
@@ -122,6 +180,7 @@ impl Hub {
 
     /// Queues `event` for every subscriber; a subscriber whose queue is full is cut off.
     pub fn publish(&self, event: Event) {
+        let size = approx_bytes(&event);
         let event = Arc::new(event);
         let mut inner = lock(&self.inner);
         if self.restoring.load(Ordering::Acquire) {
@@ -136,13 +195,21 @@ impl Hub {
                 }
             }
         }
-        let backlog = self.backlog;
+        let (backlog, max_bytes) = (self.backlog, self.max_bytes);
         let before = inner.subscribers.len();
         inner.subscribers.retain(|s| {
             let mut q = lock(&s.queue);
-            if q.events.len() >= backlog {
+            let over = if q.events.len() >= backlog {
+                Some(Ended::FellBehind { backlog })
+            } else if q.bytes + size > max_bytes && !q.events.is_empty() {
+                Some(Ended::FellBehindBytes { bytes: max_bytes })
+            } else {
+                None
+            };
+            if let Some(over) = over {
                 q.events = VecDeque::new();
-                q.ended = Some(Ended::FellBehind { backlog });
+                q.bytes = 0;
+                q.ended = Some(over);
                 drop(q);
                 s.wake.notify_one();
                 tracing::warn!(
@@ -153,6 +220,7 @@ impl Hub {
                 return false;
             }
             q.events.push_back(event.clone());
+            q.bytes += size;
             drop(q);
             s.wake.notify_one();
             true
@@ -172,10 +240,12 @@ impl Hub {
         let id = inner.next_id;
         inner.next_id += 1;
         let events = inner.startup.take().unwrap_or_default();
+        let bytes = events.iter().map(|e| approx_bytes(e)).sum();
         let sub = Arc::new(Subscriber {
             id,
             queue: Mutex::new(Queue {
                 events,
+                bytes,
                 ended: None,
             }),
             wake: tokio::sync::Notify::new(),
@@ -226,7 +296,7 @@ impl Subscription {
             let notified = self.sub.wake.notified();
             {
                 let mut q = lock(&self.sub.queue);
-                if let Some(e) = q.events.pop_front() {
+                if let Some(e) = q.pop() {
                     return Ok(e);
                 }
                 if let Some(end) = &q.ended {
@@ -240,7 +310,7 @@ impl Subscription {
     /// The next event if one is queued now.
     pub fn try_next(&self) -> Option<Result<Arc<Event>, Ended>> {
         let mut q = lock(&self.sub.queue);
-        match q.events.pop_front() {
+        match q.pop() {
             Some(e) => Some(Ok(e)),
             None => q.ended.clone().map(Err),
         }
@@ -363,6 +433,26 @@ mod tests {
             Ended::FellBehind { backlog: 3 }
         );
         assert_eq!(lock(&slow.sub.queue).events.len(), 0);
+        assert_eq!(hub.subscribers(), 1);
+    }
+
+    #[test]
+    fn a_subscriber_is_also_cut_off_by_the_bytes_it_has_not_read() {
+        let hub = Arc::new(Hub::new(1000, 4).with_max_bytes(10_000));
+        hub.restored();
+        let slow = hub.subscribe().unwrap();
+        let fast = hub.subscribe().unwrap();
+        let big = "x".repeat(4000); // ~4.3 KB each as counted
+        for _ in 0..3 {
+            hub.publish(ev(&big));
+            assert!(fast.try_next().unwrap().is_ok());
+        }
+        assert_eq!(
+            slow.try_next().unwrap().unwrap_err(),
+            Ended::FellBehindBytes { bytes: 10_000 }
+        );
+        assert_eq!(lock(&slow.sub.queue).bytes, 0);
+        assert_eq!(lock(&fast.sub.queue).bytes, 0);
         assert_eq!(hub.subscribers(), 1);
     }
 
