@@ -3,7 +3,8 @@
 //! order with names; its adjustments (env, a mount, the cpuset, an annotation) show in the
 //! running container; a blocked RunPodSandbox hook hides the pod from List; a refused
 //! CreateContainer fails cleanly and a retry works; a plugin joining late is sent every pod
-//! and container; a hung plugin costs its timeout once and is dropped, a vanished one too;
+//! and container, and its own updates are applied; a hung plugin costs its timeout once and
+//! is dropped, a vanished one too;
 //! nothing is left behind.
 
 mod common;
@@ -240,8 +241,13 @@ fn a_late_plugin_is_sent_every_pod_and_container() {
         (vec!["early".to_string()], vec!["first".to_string()])
     );
     // And what comes after, as events.
-    sleeper(&rt, &mut c, &sb, &p, "second");
+    let second = sleeper(&rt, &mut c, &sb, &p, "second");
     plugin.wait_for("POST_START_CONTAINER second");
+    // An update the plugin sends on its own is applied (and an unknown container's fails).
+    assert!(plugin.update_memory(&second, 96 << 20).is_empty());
+    let res = container_status(&rt, &mut c, &second).resources.unwrap();
+    assert_eq!(res.linux.unwrap().memory_limit_in_bytes, 96 << 20);
+    assert_eq!(plugin.update_memory("no-such-container", 96 << 20).len(), 1);
     remove_pod(&rt, &mut c, &sb);
     env.assert_no_leaks();
 }

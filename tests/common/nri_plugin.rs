@@ -162,6 +162,7 @@ impl sandboxd_nri_api::PluginService for Handler {
 pub struct TestPlugin {
     state: Arc<Mutex<State>>,
     release: Arc<tokio::sync::Notify>,
+    client: sandboxd_nri_api::RuntimeClient,
     rt: Option<tokio::runtime::Runtime>,
 }
 
@@ -202,7 +203,7 @@ impl TestPlugin {
                 Err(e) => panic!("connect {}: {e}", socket.display()),
             }
         };
-        rt.block_on(async {
+        let client = rt.block_on(async {
             let trunk = sandboxd_nri_api::mux::split(sock);
             let one = futures_util::stream::iter([Ok::<_, std::io::Error>(trunk.plugin_service)]);
             let mut server = ttrpc::asynchronous::Server::new()
@@ -223,15 +224,17 @@ impl TestPlugin {
                 )
                 .await
                 .unwrap();
-            // The server, client and trunk live as long as the runtime does.
+            // The server and trunk live as long as the runtime does.
             tokio::spawn(async move {
-                let _keep = (server, client, trunk.task);
+                let _keep = (server, trunk.task);
                 std::future::pending::<()>().await;
             });
+            client
         });
         let p = TestPlugin {
             state,
             release,
+            client,
             rt: Some(rt),
         };
         p.wait(
@@ -274,6 +277,38 @@ impl TestPlugin {
             .synced
             .clone()
             .unwrap_or_default()
+    }
+
+    /// An unsolicited update (UpdateContainers): container `id`'s memory limit; returns the
+    /// updates the runtime says failed.
+    pub fn update_memory(&self, id: &str, limit: i64) -> Vec<api::ContainerUpdate> {
+        let req = api::UpdateContainersRequest {
+            update: vec![api::ContainerUpdate {
+                container_id: id.into(),
+                linux: Some(api::LinuxContainerUpdate {
+                    resources: Some(api::LinuxResources {
+                        memory: Some(api::LinuxMemory {
+                            limit: Some(api::OptionalInt64 { value: limit }),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                }),
+                ignore_failure: false,
+            }],
+            evict: vec![],
+        };
+        self.rt
+            .as_ref()
+            .unwrap()
+            .block_on(
+                self.client.update_containers(
+                    ttrpc::context::with_duration(Duration::from_secs(10)),
+                    &req,
+                ),
+            )
+            .unwrap()
+            .failed
     }
 
     /// Lets a blocked event return.
