@@ -364,3 +364,40 @@ fn a_preinstalled_plugin_is_started_configured_and_gone_with_the_daemon() {
     }
     env.assert_no_leaks();
 }
+
+/// A container created while a plugin is being synchronized waits for the sync and then
+/// reaches the plugin as an event: nothing created meanwhile is missed.
+#[test]
+fn a_container_created_during_a_plugins_sync_is_not_missed() {
+    let env = Env::new("nri-syncrace");
+    let mut cfg = env.cfg.clone();
+    cfg.nri.plugin_request_timeout = Duration::from_secs(10);
+    let (_d, rt, mut c) = daemon_with(&env, &cfg);
+    let p = pod("racing", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    let plugin = TestPlugin::connect(
+        &env.cfg.nri.socket_path,
+        Behavior {
+            block: Some("SYNCHRONIZE"),
+            ..behavior("60", "slow-sync")
+        },
+    );
+    let mut c2 = c.clone();
+    let req = cri::CreateContainerRequest {
+        pod_sandbox_id: sb.clone(),
+        config: Some(ctr("during", &["sleep", "1000"], serde_json::json!({}))),
+        sandbox_config: Some(p.clone()),
+    };
+    let creating = rt.spawn(async move { c2.create_container(req).await });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !creating.is_finished(),
+        "created while the plugin synchronizes"
+    );
+    plugin.release();
+    rt.block_on(creating).unwrap().unwrap();
+    plugin.wait_for("CREATE_CONTAINER during");
+    assert_eq!(plugin.synced(), (vec!["racing".to_string()], vec![]));
+    remove_pod(&rt, &mut c, &sb);
+    env.assert_no_leaks();
+}
