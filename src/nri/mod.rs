@@ -189,6 +189,29 @@ impl Nri {
         rx.recv().ok()
     }
 
+    /// One request to one plugin, waited for from a verb's thread: its answer, `None` if the
+    /// plugin was dropped (deadline, disconnect) and the operation goes on, or its refusal.
+    fn ask<T, F, Fut>(
+        &self,
+        p: &Arc<Plugin>,
+        what: &'static str,
+        call: F,
+    ) -> Result<Option<T>, String>
+    where
+        T: Send + 'static,
+        F: FnOnce(sandboxd_nri_api::PluginClient, sandboxd_nri_api::ttrpc::context::Context) -> Fut
+            + Send
+            + 'static,
+        Fut: std::future::Future<Output = sandboxd_nri_api::ttrpc::Result<T>> + Send,
+    {
+        let p = p.clone();
+        match self.block_on(async move { p.request(what, call).await }) {
+            Some(Ok(r)) => Ok(Some(r)),
+            Some(Err(Failure::Refused(m))) => Err(m),
+            Some(Err(Failure::Dropped(_))) | None => Ok(None),
+        }
+    }
+
     /// Sends `event` to every subscribed plugin in order. With `blocking`, a plugin's error
     /// fails the operation (and the rest are not asked); otherwise it is logged.
     fn notify(
@@ -285,19 +308,11 @@ impl Nri {
                 pod: Some(pod.clone()),
                 container: Some(convert::creating(c, &json)),
             };
-            let p2 = p.clone();
-            let reply = self
-                .block_on(async move {
-                    p2.request("CreateContainer", |cl, ctx| async move {
-                        cl.create_container(ctx, &req).await
-                    })
-                    .await
-                })
-                .unwrap_or(Err(Failure::Dropped("shutting down".into())));
-            let reply = match reply {
-                Ok(r) => r,
-                Err(Failure::Dropped(_)) => continue,
-                Err(Failure::Refused(m)) => return Err(fail(m)),
+            let asked = self.ask(&p, "CreateContainer", move |cl, ctx| async move {
+                cl.create_container(ctx, &req).await
+            });
+            let Some(reply) = asked.map_err(fail)? else {
+                continue;
             };
             if reply.update.iter().any(|u| u.container_id == c.id) {
                 return Err(fail(format!(
@@ -411,19 +426,11 @@ impl Nri {
                 container: Some(ctr.clone()),
                 linux_resources: Some(convert::resources(&want)),
             };
-            let p2 = p.clone();
-            let reply = self
-                .block_on(async move {
-                    p2.request("UpdateContainer", |cl, ctx| async move {
-                        cl.update_container(ctx, &req).await
-                    })
-                    .await
-                })
-                .unwrap_or(Err(Failure::Dropped("shutting down".into())));
-            let reply = match reply {
-                Ok(r) => r,
-                Err(Failure::Dropped(_)) => continue,
-                Err(Failure::Refused(m)) => return Err(fail(m)),
+            let asked = self.ask(&p, "UpdateContainer", move |cl, ctx| async move {
+                cl.update_container(ctx, &req).await
+            });
+            let Some(reply) = asked.map_err(fail)? else {
+                continue;
             };
             for u in reply.update {
                 if u.container_id == c.id {
