@@ -460,6 +460,34 @@ fn resources(
     Ok(())
 }
 
+/// For the fuzz target: a plugin's CreateContainer answer (protobuf) applied, as two plugins
+/// would, to a container's spec, and the result read back as an OCI spec the way the daemon
+/// does. Never panics; errors are the plugin's refusals.
+#[doc(hidden)]
+pub fn fuzz_adjustment(answer: &[u8]) {
+    use sandboxd_nri_api::prost::Message;
+    let Ok(reply) = api::CreateContainerResponse::decode(answer) else {
+        return;
+    };
+    let Some(a) = reply.adjust else {
+        return;
+    };
+    let mut spec = serde_json::json!({
+        "ociVersion": "1.0.2",
+        "process": {"args": ["sh"], "env": ["PATH=/bin"], "cwd": "/"},
+        "root": {"path": "rootfs"},
+        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
+        "linux": {"namespaces": [{"type": "mount"}]}
+    });
+    let mut owners = Owners::default();
+    for plugin in ["10-one", "20-two"] {
+        if apply(&mut spec, &a, plugin, &mut owners).is_err() {
+            return;
+        }
+        let _ = serde_json::from_value::<oci_spec::runtime::Spec>(spec.clone());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
