@@ -1,7 +1,7 @@
 //! NRI through the daemon: a real plugin (the test suite's own, over the protocol's ttrpc and
 //! multiplexed socket) connects to the daemon's NRI socket. It sees every lifecycle event in
-//! order with names; its adjustments (env, a mount, the cpuset, an annotation) show in the
-//! running container; a blocked RunPodSandbox hook hides the pod from List; a refused
+//! order with names; its adjustments (env, a mount, the cpuset, an annotation, a CDI device)
+//! show in the running container; a blocked RunPodSandbox hook hides the pod from List; a refused
 //! CreateContainer fails cleanly and a retry works; a plugin joining late is sent every pod
 //! and container, and its own updates are applied; a hung plugin costs its timeout once and
 //! is dropped, a vanished one too;
@@ -93,6 +93,25 @@ fn events_in_order_and_adjustments_show_in_the_container() {
         }),
         ..Default::default()
     };
+    // A CDI device the plugin asks for, through the node's CDI registry.
+    let cdi = env.base.join("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    std::fs::write(
+        cdi.join("nri-test.json"),
+        serde_json::json!({
+            "cdiVersion": "0.6.0",
+            "kind": "sandboxd.test/nri",
+            "devices": [{"name": "zero", "containerEdits": {
+                "deviceNodes": [{"path": "/dev/nri-zero", "hostPath": "/dev/zero"}],
+                "env": ["FROM_CDI=1"]}}]
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let mut adjust = adjust;
+    adjust.cdi_devices = vec![api::CdiDevice {
+        name: "sandboxd.test/nri=zero".into(),
+    }];
     let plugin = TestPlugin::connect(
         &env.cfg.nri.socket_path,
         Behavior {
@@ -116,13 +135,14 @@ fn events_in_order_and_adjustments_show_in_the_container() {
         &rt,
         &mut c,
         &id,
-        "echo env=$NRI_ADJUSTED; cat /nri-data/marker; touch /nri-data/x 2>/dev/null || echo read-only; grep Cpus_allowed_list /proc/self/status",
+        "echo env=$NRI_ADJUSTED cdi=$FROM_CDI; cat /nri-data/marker; touch /nri-data/x 2>/dev/null || echo read-only; grep Cpus_allowed_list /proc/self/status; head -c 2 /dev/nri-zero | od -An -tx1",
     );
     for want in [
-        "env=yes",
+        "env=yes cdi=1",
         "from the plugin's mount",
         "read-only",
         "Cpus_allowed_list:\t0\n",
+        "00 00",
     ] {
         assert!(out.contains(want), "{want:?} not in:\n{out}");
     }
