@@ -578,6 +578,16 @@ impl Runtime {
         container::update::update_resources(self, id, resources)
     }
 
+    /// New resources for a container as an NRI plugin asks on its own: applied without
+    /// asking the plugins again.
+    pub(crate) fn apply_container_resources(
+        &self,
+        id: &str,
+        resources: &container::Resources,
+    ) -> Result<()> {
+        container::update::apply_resources(self, id, resources)
+    }
+
     /// CPU and memory use of a whole pod (its cgroup, which holds every container's).
     pub fn pod_usage(&self, id: &str) -> Result<cgroups::Usage> {
         let r = self.sandbox_record(id)?;

@@ -30,7 +30,7 @@ impl super::Updates for Domain {
                 };
                 let want = convert::update_resources(&rec.config.resources, res)
                     .map_err(crate::Error::InvalidArgument)?;
-                crate::container::update::apply_resources(&rt, &rec.id, &want)
+                rt.apply_container_resources(&rec.id, &want)
             });
             if let Err(e) = r {
                 tracing::warn!(plugin, container_id = %u.container_id, error = %e, "NRI plugin's update not applied");
