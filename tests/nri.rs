@@ -1,7 +1,8 @@
 //! NRI through the daemon: a real plugin (the test suite's own, over the protocol's ttrpc and
 //! multiplexed socket) connects to the daemon's NRI socket. It sees every lifecycle event in
-//! order with names; its adjustments (env, a mount, the cpuset, an annotation, a CDI device)
-//! show in the running container; a blocked RunPodSandbox hook hides the pod from List; a refused
+//! order with names (StopPodSandbox once however often it is called); its adjustments (env, a
+//! mount, the cpuset, an annotation, a CDI device) show in the running container; a validator
+//! may reject the merged adjustments; a blocked RunPodSandbox hook hides the pod from List; a refused
 //! CreateContainer fails cleanly and a retry works; a plugin joining late is sent every pod
 //! and container, and its own updates are applied; a hung plugin costs its timeout once and
 //! is dropped, a vanished one too;
@@ -163,6 +164,13 @@ fn events_in_order_and_adjustments_show_in_the_container() {
         timeout: 0,
     }))
     .unwrap();
+    // StopPodSandbox twice: one event.
+    for _ in 0..2 {
+        rt.block_on(c.stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: sb.clone(),
+        }))
+        .unwrap();
+    }
     remove_pod(&rt, &mut c, &sb);
     plugin.wait_for("REMOVE_POD_SANDBOX nri");
     assert_eq!(
@@ -170,6 +178,7 @@ fn events_in_order_and_adjustments_show_in_the_container() {
         [
             "RUN_POD_SANDBOX nri",
             "CREATE_CONTAINER work",
+            "VALIDATE work env=NRI_ADJUSTED plugins=10-adjust",
             "POST_CREATE_CONTAINER work",
             "START_CONTAINER work",
             "POST_START_CONTAINER work",
@@ -418,6 +427,59 @@ fn a_container_created_during_a_plugins_sync_is_not_missed() {
     rt.block_on(creating).unwrap().unwrap();
     plugin.wait_for("CREATE_CONTAINER during");
     assert_eq!(plugin.synced(), (vec!["racing".to_string()], vec![]));
+    remove_pod(&rt, &mut c, &sb);
+    env.assert_no_leaks();
+}
+
+/// A validator (a policy plugin) sees every plugin's adjustments merged and may reject them:
+/// the creation fails with its reason and leaves nothing; without it the retry works.
+#[test]
+fn a_validator_rejects_the_adjustments_and_nothing_is_left() {
+    let env = Env::new("nri-validate");
+    let (_d, rt, mut c) = daemon(&env);
+    let adjuster = TestPlugin::connect(
+        &env.cfg.nri.socket_path,
+        Behavior {
+            adjust: Some(api::ContainerAdjustment {
+                env: vec![api::KeyValue {
+                    key: "INJECTED".into(),
+                    value: "1".into(),
+                }],
+                ..Default::default()
+            }),
+            events: sandboxd_nri_api::event_bit(api::Event::CreateContainer),
+            ..behavior("10", "adjuster")
+        },
+    );
+    let policy = TestPlugin::connect(
+        &env.cfg.nri.socket_path,
+        Behavior {
+            reject: true,
+            events: sandboxd_nri_api::event_bit(api::Event::ValidateContainerAdjustment),
+            ..behavior("90", "policy")
+        },
+    );
+    let p = pod("validated", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    let cfg = ctr("work", &["sleep", "1000"], serde_json::json!({}));
+    let e = create(&rt, &mut c, &sb, &p, cfg.clone()).unwrap_err();
+    assert!(
+        e.message().contains("NRI validator 90-policy rejected")
+            && e.message().contains("test policy policy says no"),
+        "{e:?}"
+    );
+    assert_eq!(
+        policy.events(),
+        ["VALIDATE work env=INJECTED plugins=10-adjuster"]
+    );
+    assert!(container_ids(&rt, &mut c).is_empty());
+    assert!(list_names(&env.cfg.root.join("containers")).is_empty());
+    drop(policy);
+    // The validator is gone (its socket closed): the next creation drops it and succeeds.
+    let id = create(&rt, &mut c, &sb, &p, cfg).unwrap();
+    start(&rt, &mut c, &id);
+    assert_eq!(exec(&rt, &mut c, &id, "echo $INJECTED"), "1\n");
+    drop(adjuster);
     remove_pod(&rt, &mut c, &sb);
     env.assert_no_leaks();
 }

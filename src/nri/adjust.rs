@@ -460,6 +460,41 @@ fn resources(
     Ok(())
 }
 
+/// `a` added to `merged`, the adjustments of all plugins as validators see them: maps and
+/// lists gathered, plain fields as the later plugin set them.
+pub(crate) fn merge_into(merged: &mut api::ContainerAdjustment, a: &api::ContainerAdjustment) {
+    merged.annotations.extend(a.annotations.clone());
+    merged.mounts.extend(a.mounts.iter().cloned());
+    merged.env.extend(a.env.iter().cloned());
+    merged.rlimits.extend(a.rlimits.iter().cloned());
+    merged.cdi_devices.extend(a.cdi_devices.iter().cloned());
+    if !a.args.is_empty() {
+        merged.args = a.args.clone();
+    }
+    if let Some(h) = &a.hooks {
+        let m = merged.hooks.get_or_insert_with(Default::default);
+        m.prestart.extend(h.prestart.iter().cloned());
+        m.create_runtime.extend(h.create_runtime.iter().cloned());
+        m.create_container
+            .extend(h.create_container.iter().cloned());
+        m.start_container.extend(h.start_container.iter().cloned());
+        m.poststart.extend(h.poststart.iter().cloned());
+        m.poststop.extend(h.poststop.iter().cloned());
+    }
+    if let Some(l) = &a.linux {
+        let m = merged.linux.get_or_insert_with(Default::default);
+        m.devices.extend(l.devices.iter().cloned());
+        m.namespaces.extend(l.namespaces.iter().cloned());
+        m.sysctl.extend(l.sysctl.clone());
+        if l.resources.is_some() {
+            m.resources = l.resources.clone();
+        }
+        if l.oom_score_adj.is_some() {
+            m.oom_score_adj = l.oom_score_adj;
+        }
+    }
+}
+
 /// For the fuzz target: a plugin's CreateContainer answer (protobuf) applied, as two plugins
 /// would, to a container's spec, and the result read back as an OCI spec the way the daemon
 /// does. Never panics; errors are the plugin's refusals.

@@ -113,6 +113,11 @@ pub(super) async fn join(
                 let _ = tokio::task::spawn_blocking(move || u.apply(&id, &r.update, &[])).await;
             }
         }
+        Err(Failure::Unimplemented) => {
+            p.close("it does not serve Synchronize");
+            shared.active.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!(plugin = %p.id, "NRI plugin does not serve Synchronize");
+        }
         Err(Failure::Refused(m) | Failure::Dropped(m)) => {
             p.close(&m);
             shared.active.fetch_sub(1, Ordering::AcqRel);

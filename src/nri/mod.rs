@@ -210,7 +210,7 @@ impl Nri {
         match self.block_on(async move { p.request(what, call).await }) {
             Some(Ok(r)) => Ok(Some(r)),
             Some(Err(Failure::Refused(m))) => Err(m),
-            Some(Err(Failure::Dropped(_))) | None => Ok(None),
+            Some(Err(Failure::Dropped(_) | Failure::Unimplemented)) | None => Ok(None),
         }
     }
 
@@ -243,7 +243,7 @@ impl Nri {
                     .request(name, |c, ctx| async move { c.state_change(ctx, &req).await })
                     .await
                 {
-                    Ok(_) | Err(Failure::Dropped(_)) => {}
+                    Ok(_) | Err(Failure::Dropped(_) | Failure::Unimplemented) => {}
                     Err(Failure::Refused(m)) if blocking => return Err(m),
                     Err(Failure::Refused(m)) => {
                         tracing::warn!(plugin = %p.id, event = name, error = %m, "NRI plugin failed an event")
@@ -301,6 +301,14 @@ impl Nri {
         let mut owners = adjust::Owners::default();
         let mut updates = Vec::new();
         let mut evictions = Vec::new();
+        // What validators see: the container as it came, every adjustment merged, and who
+        // was asked.
+        let original = convert::creating(
+            c,
+            &serde_json::to_value(&*spec).map_err(|e| fail(e.to_string()))?,
+        );
+        let mut merged = api::ContainerAdjustment::default();
+        let mut consulted = Vec::new();
         for p in ordered(&self.shared) {
             if !p.subscribed(Event::CreateContainer) {
                 continue;
@@ -324,12 +332,44 @@ impl Nri {
             }
             updates.extend(reply.update);
             evictions.extend(reply.evict);
+            consulted.push(api::PluginInstance {
+                name: p.name.clone(),
+                index: p.idx.clone(),
+            });
             if let Some(a) = &reply.adjust {
+                adjust::merge_into(&mut merged, a);
                 let cdi = adjust::apply(&mut json, a, &p.id, &mut owners)
                     .map_err(|m| fail(format!("adjustment by NRI plugin {}: {m}", p.id)))?;
                 *spec = serde_json::from_value(json)
                     .map_err(|e| fail(format!("adjustment by NRI plugin {}: {e}", p.id)))?;
                 inject(&cdi, spec)?;
+            }
+        }
+        // Validators (policy plugins) may refuse the result as a whole.
+        for p in ordered(&self.shared) {
+            if !p.subscribed(Event::ValidateContainerAdjustment) {
+                continue;
+            }
+            let req = api::ValidateContainerAdjustmentRequest {
+                pod: Some(pod.clone()),
+                container: Some(original.clone()),
+                adjust: Some(merged.clone()),
+                update: updates.clone(),
+                owners: None,
+                plugins: consulted.clone(),
+            };
+            let asked = self.ask(
+                &p,
+                "ValidateContainerAdjustment",
+                move |cl, ctx| async move { cl.validate_container_adjustment(ctx, &req).await },
+            );
+            if let Some(r) = asked.map_err(fail)? {
+                if r.reject {
+                    return Err(fail(format!(
+                        "NRI validator {} rejected the plugins' adjustments: {}",
+                        p.id, r.reason
+                    )));
+                }
             }
         }
         drop(guard);
@@ -497,7 +537,7 @@ impl Nri {
                         Err(Failure::Refused(m)) => {
                             tracing::warn!(plugin = %p.id, error = %m, "NRI plugin failed StopContainer")
                         }
-                        Err(Failure::Dropped(_)) => {}
+                        Err(Failure::Dropped(_) | Failure::Unimplemented) => {}
                     }
                 }
                 updates

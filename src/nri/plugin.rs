@@ -20,6 +20,9 @@ pub(crate) enum Failure {
     /// The plugin is gone or misbehaved (deadline, protocol, disconnect): it was closed,
     /// and the operation goes on without it.
     Dropped(String),
+    /// The plugin does not serve this call (a plugin subscribed to every event need not
+    /// validate): as if it had not subscribed.
+    Unimplemented,
 }
 
 /// A registered plugin.
@@ -76,6 +79,12 @@ impl Plugin {
         let ctx = ttrpc::context::with_duration(self.timeout);
         match tokio::time::timeout(self.timeout, call(self.client.clone(), ctx)).await {
             Ok(Ok(v)) => Ok(v),
+            Ok(Err(ttrpc::Error::RpcStatus(s)))
+                if s.code == ttrpc::Code::UNIMPLEMENTED as i32
+                    || s.code == ttrpc::Code::NOT_FOUND as i32 =>
+            {
+                Err(Failure::Unimplemented)
+            }
             Ok(Err(ttrpc::Error::RpcStatus(s)))
                 if s.code != ttrpc::Code::DEADLINE_EXCEEDED as i32
                     && s.code != ttrpc::Code::UNAVAILABLE as i32 =>
@@ -289,6 +298,7 @@ pub(crate) async fn connect(
         .await
         .map_err(|f| match f {
             Failure::Refused(m) | Failure::Dropped(m) => m,
+            Failure::Unimplemented => format!("plugin {id} does not serve Configure"),
         })?;
     let events = if reply.events == 0 {
         sandboxd_nri_api::VALID_EVENTS

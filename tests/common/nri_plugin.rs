@@ -27,6 +27,8 @@ pub struct Behavior {
     pub hang: Option<&'static str>,
     /// Wait in this event until [`TestPlugin::release`].
     pub block: Option<&'static str>,
+    /// As a validator, reject every container's adjustments.
+    pub reject: bool,
 }
 
 #[derive(Default)]
@@ -143,6 +145,41 @@ impl sandboxd_nri_api::PluginService for Handler {
         self.on("STOP_CONTAINER", &names(&req.pod, &req.container))
             .await?;
         Ok(api::StopContainerResponse::default())
+    }
+
+    async fn validate_container_adjustment(
+        &self,
+        _ctx: &ttrpc::asynchronous::TtrpcContext,
+        req: api::ValidateContainerAdjustmentRequest,
+    ) -> ttrpc::Result<api::ValidateContainerAdjustmentResponse> {
+        let env: Vec<String> = req
+            .adjust
+            .iter()
+            .flat_map(|a| a.env.iter().map(|kv| kv.key.clone()))
+            .collect();
+        let plugins: Vec<String> = req
+            .plugins
+            .iter()
+            .map(|p| format!("{}-{}", p.index, p.name))
+            .collect();
+        self.on(
+            "VALIDATE",
+            &format!(
+                "{} env={} plugins={}",
+                names(&req.pod, &req.container),
+                env.join(","),
+                plugins.join(",")
+            ),
+        )
+        .await?;
+        Ok(api::ValidateContainerAdjustmentResponse {
+            reject: self.b.reject,
+            reason: if self.b.reject {
+                format!("test policy {} says no", self.b.name)
+            } else {
+                String::new()
+            },
+        })
     }
 
     async fn state_change(
