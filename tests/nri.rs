@@ -277,6 +277,29 @@ fn a_late_plugin_is_sent_every_pod_and_container() {
     let res = container_status(&rt, &mut c, &second).resources.unwrap();
     assert_eq!(res.linux.unwrap().memory_limit_in_bytes, 96 << 20);
     assert_eq!(plugin.update_memory("no-such-container", 96 << 20).len(), 1);
+    // A pod resize: UpdatePodSandbox with the new resources, then PostUpdatePodSandbox.
+    rt.block_on(
+        c.update_pod_sandbox_resources(cri::UpdatePodSandboxResourcesRequest {
+            pod_sandbox_id: sb.clone(),
+            overhead: None,
+            resources: Some(cri::LinuxContainerResources {
+                memory_limit_in_bytes: 512 << 20,
+                ..Default::default()
+            }),
+        }),
+    )
+    .unwrap();
+    plugin.wait_for("POST_UPDATE_POD_SANDBOX early");
+    let ev = plugin.events();
+    let at = |e: &str| {
+        ev.iter()
+            .position(|x| x == e)
+            .unwrap_or_else(|| panic!("{e:?} not in {ev:?}"))
+    };
+    assert!(
+        at(&format!("UPDATE_POD_SANDBOX early memory={}", 512 << 20))
+            < at("POST_UPDATE_POD_SANDBOX early")
+    );
     remove_pod(&rt, &mut c, &sb);
     env.assert_no_leaks();
 }

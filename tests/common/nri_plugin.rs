@@ -147,6 +147,24 @@ impl sandboxd_nri_api::PluginService for Handler {
         Ok(api::StopContainerResponse::default())
     }
 
+    async fn update_pod_sandbox(
+        &self,
+        _ctx: &ttrpc::asynchronous::TtrpcContext,
+        req: api::UpdatePodSandboxRequest,
+    ) -> ttrpc::Result<api::UpdatePodSandboxResponse> {
+        let mem = req
+            .linux_resources
+            .and_then(|r| r.memory)
+            .and_then(|m| m.limit)
+            .map_or(0, |l| l.value);
+        self.on(
+            "UPDATE_POD_SANDBOX",
+            &format!("{} memory={mem}", names(&req.pod, &None)),
+        )
+        .await?;
+        Ok(api::UpdatePodSandboxResponse {})
+    }
+
     async fn validate_container_adjustment(
         &self,
         _ctx: &ttrpc::asynchronous::TtrpcContext,
