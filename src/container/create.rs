@@ -334,6 +334,16 @@ fn build(
                 e => e,
             })
         })?;
+    // A plugin that moved the container's cgroup: the record follows (stats, removal).
+    if let Some(moved) = oci
+        .linux()
+        .as_ref()
+        .and_then(|l| l.cgroups_path().as_ref())
+        .map(|p| p.to_string_lossy().into_owned())
+        .filter(|p| *p != rec.cgroup)
+    {
+        entry.update(|r| r.cgroup = moved.clone())?;
+    }
     crate::oci::spec::save(&oci, &rec.dir.join("config.json"))
         .map_err(|e| Error::step("write bundle", id, e))?;
 

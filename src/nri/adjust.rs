@@ -211,7 +211,6 @@ fn linux(
     owners: &mut Owners,
 ) -> Result<(), String> {
     let unsupported = [
-        ("cgroups_path", !l.cgroups_path.is_empty()),
         ("io_priority", l.io_priority.is_some()),
         ("seccomp_policy", l.seccomp_policy.is_some()),
         ("net_devices", !l.net_devices.is_empty()),
@@ -269,6 +268,11 @@ fn linux(
     if let Some(r) = &l.resources {
         resources(spec, r, plugin, owners)?;
     }
+    if !l.cgroups_path.is_empty() {
+        check_cgroups_path(&l.cgroups_path)?;
+        owners.claim("cgroups path", "", plugin)?;
+        obj(spec, "linux").insert("cgroupsPath".into(), json!(l.cgroups_path));
+    }
     if let Some(o) = &l.oom_score_adj {
         if !(-1000..=1000).contains(&o.value) {
             return Err(format!("oom_score_adj {} out of range", o.value));
@@ -302,6 +306,32 @@ fn linux(
     for (k, v) in &l.sysctl {
         owners.claim("sysctl", k, plugin)?;
         obj(obj_value(spec, "linux"), "sysctl").insert(k.clone(), json!(v));
+    }
+    Ok(())
+}
+
+/// A cgroups path a plugin may give: a cgroupfs path (absolute, no `.`/`..`, no empty
+/// part) or a systemd `slice:prefix:name` (each part a plain name).
+fn check_cgroups_path(p: &str) -> Result<(), String> {
+    let plain = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 255
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.@".contains(&b))
+            && s != "."
+            && s != ".."
+    };
+    let ok = match p.split(':').collect::<Vec<_>>()[..] {
+        [path] => path.starts_with('/') && path[1..].split('/').all(plain),
+        [slice, prefix, name] => {
+            plain(slice) && slice.ends_with(".slice") && plain(prefix) && plain(name)
+        }
+        _ => false,
+    };
+    if !ok || p.len() > 4096 {
+        return Err(format!(
+            "cgroups path {p:?} is neither an absolute cgroupfs path nor slice:prefix:name"
+        ));
     }
     Ok(())
 }
@@ -576,13 +606,39 @@ mod tests {
         let mut spec = json!({});
         let a = api::ContainerAdjustment {
             linux: Some(api::LinuxContainerAdjustment {
-                cgroups_path: "/elsewhere".into(),
+                io_priority: Some(Default::default()),
                 ..Default::default()
             }),
             ..Default::default()
         };
         let e = apply(&mut spec, &a, "10-one", &mut Owners::default()).unwrap_err();
-        assert!(e.contains("linux.cgroups_path"), "{e}");
+        assert!(e.contains("linux.io_priority"), "{e}");
+        // A cgroups path: a plain one or systemd's, never one that climbs out.
+        let path = |p: &str| api::ContainerAdjustment {
+            linux: Some(api::LinuxContainerAdjustment {
+                cgroups_path: p.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        for good in ["/kubepods/pod1/c1", "kubepods.slice:cri:c1"] {
+            let mut s = json!({});
+            apply(&mut s, &path(good), "10-one", &mut Owners::default()).unwrap();
+            assert_eq!(s["linux"]["cgroupsPath"], good);
+        }
+        for bad in [
+            "/a/../../etc",
+            "relative/x",
+            "/a//b",
+            "a.slice:x",
+            "x:y:z",
+            "/a/b\n",
+        ] {
+            assert!(
+                apply(&mut json!({}), &path(bad), "10-one", &mut Owners::default()).is_err(),
+                "{bad}"
+            );
+        }
         let bad_cpus = api::ContainerAdjustment {
             linux: Some(api::LinuxContainerAdjustment {
                 resources: Some(api::LinuxResources {
