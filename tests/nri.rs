@@ -159,6 +159,17 @@ fn events_in_order_and_adjustments_show_in_the_container() {
     )
     .unwrap();
     assert_eq!(spec["annotations"]["nri.test/adjusted"], "yes");
+    rt.block_on(
+        c.update_container_resources(cri::UpdateContainerResourcesRequest {
+            container_id: id.clone(),
+            linux: Some(cri::LinuxContainerResources {
+                memory_limit_in_bytes: 200 << 20,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    )
+    .unwrap();
     rt.block_on(c.stop_container(cri::StopContainerRequest {
         container_id: id.clone(),
         timeout: 0,
@@ -182,6 +193,8 @@ fn events_in_order_and_adjustments_show_in_the_container() {
             "POST_CREATE_CONTAINER work",
             "START_CONTAINER work",
             "POST_START_CONTAINER work",
+            "UPDATE_CONTAINER work",
+            "POST_UPDATE_CONTAINER work",
             "STOP_CONTAINER work",
             "STOP_POD_SANDBOX nri",
             "REMOVE_CONTAINER work",
