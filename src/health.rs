@@ -24,10 +24,8 @@ pub struct HandlerStatus {
 pub struct RuntimeHealth {
     /// The CNI network new pods would join, or why none is usable.
     pub network: Result<crate::cni::NetworkList, String>,
-    /// The handlers whose binary exists and that can make a container here.
+    /// The handlers whose binary exists.
     pub handlers: Vec<HandlerStatus>,
-    /// Handlers that cannot make a container on this node, and why (not offered).
-    pub unusable_handlers: Vec<(String, String)>,
     /// One line per record quarantined at start-up.
     pub quarantined: Vec<String>,
 }
@@ -40,21 +38,12 @@ impl Runtime {
             Ok(l)
         });
         let rro = crate::mounts::recursive_read_only_supported();
-        let mut unusable_handlers = Vec::new();
         let mut handlers: Vec<HandlerStatus> = self
             .cfg
             .runtimes
             .iter()
-            // A handler whose binary is missing cannot run anything: not offered; nor one
-            // that cannot make a container here.
+            // A handler whose binary is missing cannot run anything: not offered.
             .filter(|(_, h)| h.path.is_file())
-            .filter(|(name, _)| match self.handler_works(name) {
-                Ok(()) => true,
-                Err(why) => {
-                    unusable_handlers.push((name.to_string(), why));
-                    false
-                }
-            })
             .map(|(name, _)| HandlerStatus {
                 name: name.clone(),
                 recursive_read_only_mounts: rro,
@@ -72,80 +61,8 @@ impl Runtime {
         RuntimeHealth {
             network,
             handlers,
-            unusable_handlers,
             quarantined: self.quarantined(),
         }
-    }
-
-    /// Whether `handler` can make a container on this node, or why not — proved by making
-    /// one: the infra's pause process, created and deleted through the monitor as a pod's
-    /// would be (once per handler; a failure is tried again after a minute). Handlers that
-    /// run pods in a sandbox process of their own (gVisor, VMs) are not probed. Without a
-    /// pause binary nothing can be proved, and nothing is refused.
-    pub fn handler_works(&self, handler: &str) -> Result<(), String> {
-        let h = match self.cfg.runtimes.get(handler) {
-            Some(h) if !h.needs_sandbox_process => h,
-            _ => return Ok(()),
-        };
-        let Some(rootfs) = self.infra_rootfs.clone() else {
-            return Ok(());
-        };
-        let mut probes = crate::lock(&self.handler_probes);
-        if let Some((at, r)) = probes.get(handler) {
-            if r.is_ok() || at.elapsed() < std::time::Duration::from_secs(60) {
-                return r.clone();
-            }
-        }
-        let r = self.probe_handler(handler, rootfs);
-        match &r {
-            Ok(()) => {
-                tracing::info!(handler, path = %h.path.display(), "runtime handler can make containers here")
-            }
-            Err(why) => {
-                tracing::warn!(handler, reason = %why, "runtime handler cannot make containers here; not offered")
-            }
-        }
-        probes.insert(handler.to_string(), (std::time::Instant::now(), r.clone()));
-        r
-    }
-
-    fn probe_handler(&self, handler: &str, rootfs: std::path::PathBuf) -> Result<(), String> {
-        let runtime = self.handler(handler).map_err(|e| e.to_string())?;
-        let id = format!("probe-{handler}-{}", &crate::validate::new_id()[..12]);
-        let dir = self.cfg.root.join("runtime-probe").join(&id);
-        let result = (|| -> Result<(), String> {
-            crate::state::files::private_dir_all(&dir).map_err(|e| e.to_string())?;
-            for f in ["resolv.conf", "hosts", "hostname"] {
-                std::fs::write(dir.join(f), "").map_err(|e| e.to_string())?;
-            }
-            let parent = match self.cgroup_driver {
-                crate::cgroups::Driver::Systemd => "system.slice".to_string(),
-                crate::cgroups::Driver::Cgroupfs => self.cfg.cgroup_parent.clone(),
-            };
-            let spec = crate::oci::spec::infra(&crate::oci::spec::InfraSpec {
-                sandbox_id: id.clone(),
-                metadata: Default::default(),
-                rootfs,
-                hostname: "probe".into(),
-                netns: None,
-                userns: None,
-                host_ipc: false,
-                host_pid: false,
-                shm: None,
-                resolv_conf: dir.join("resolv.conf"),
-                hosts: dir.join("hosts"),
-                hostname_file: dir.join("hostname"),
-                cgroups_path: crate::cgroups::child(&parent, &id),
-                oom_score_adj: 0,
-                sysctls: Default::default(),
-            })
-            .map_err(|e| e.to_string())?;
-            crate::oci::spec::save(&spec, &dir.join("config.json")).map_err(|e| e.to_string())?;
-            let files = crate::oci::ContainerFiles::in_dir(&dir, None);
-            self.host.probe_runtime(runtime, &id, &dir, &files)
-        })();
-        let _ = std::fs::remove_dir_all(&dir);
-        result
     }
 
     /// Whether pods of `handler` can have their own user namespace here, or why not. The

@@ -126,14 +126,9 @@ pub struct Runtime {
     pub(crate) cgroup_driver: cgroups::Driver,
     /// The node's CDI devices.
     pub(crate) cdi: cdi::Registry,
-    /// Whether each handler could make a container here, and when that was tried.
-    pub(crate) handler_probes: Mutex<HashMap<String, HandlerProbe>>,
     /// NRI plugins: their socket, their hooks in the verbs (see `nri/`).
     pub(crate) nri: nri::Nri,
 }
-
-/// When a handler was probed, and whether it could make a container (why not).
-pub(crate) type HandlerProbe = (std::time::Instant, std::result::Result<(), String>);
 
 /// The outcome of one pull, shared by everyone who asked for it while it ran.
 pub(crate) type PullCell = std::sync::OnceLock<std::result::Result<image::ImageRecord, Error>>;
@@ -316,7 +311,6 @@ impl Runtime {
             cgroup_driver,
             cdi,
             nri,
-            handler_probes: Mutex::new(HashMap::new()),
         })
     }
 

@@ -12,7 +12,6 @@ pub fn status_to_cri(
     let crate::RuntimeHealth {
         network,
         handlers,
-        unusable_handlers,
         quarantined,
     } = health;
     let mut conditions = vec![cri::RuntimeCondition {
@@ -59,14 +58,7 @@ pub fn status_to_cri(
             ),
         });
     }
-    // Configured handlers that cannot make a container here: not offered (kubelet sees only
-    // the handlers that work); why, for the operator.
     if verbose {
-        let unusable: std::collections::BTreeMap<_, _> = unusable_handlers.into_iter().collect();
-        info.insert(
-            "unusableRuntimeHandlers".to_string(),
-            serde_json::to_string(&unusable).unwrap_or_default(),
-        );
         info.insert(
             "config".to_string(),
             serde_json::to_string(&cfg).unwrap_or_default(),

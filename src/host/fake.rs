@@ -415,17 +415,6 @@ impl Host for FakeHost {
         }))
     }
 
-    /// Every runtime works in the fake (the probe is not part of any recorded order).
-    fn probe_runtime(
-        &self,
-        _runtime: &OciRuntime,
-        _id: &str,
-        _bundle: &Path,
-        _files: &ContainerFiles,
-    ) -> Result<(), String> {
-        Ok(())
-    }
-
     fn remove_cgroup(&self, cgroup: &str) -> Result<(), HostError> {
         self.host_result(Op::RemoveCgroup, cgroup)
     }

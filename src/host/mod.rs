@@ -130,17 +130,6 @@ pub(crate) trait Host: Send + Sync {
     /// Removes a cgroup in every hierarchy (`cgroups::remove`).
     fn remove_cgroup(&self, cgroup: &str) -> Result<(), HostError>;
 
-    /// Whether `runtime` can make a container here: `create` of the bundle (through the
-    /// monitor, as for a pod), then `delete` whatever came of it; the runtime's own reason
-    /// when it cannot.
-    fn probe_runtime(
-        &self,
-        runtime: &OciRuntime,
-        id: &str,
-        bundle: &Path,
-        files: &ContainerFiles,
-    ) -> Result<(), String>;
-
     /// Sizes a pod's cgroup (`cgroups::set_limits`).
     fn set_cgroup_limits(
         &self,
@@ -272,26 +261,6 @@ impl Host for RealHost {
         id: &str,
     ) -> Result<Option<RuntimeState>, RuntimeError> {
         runtime.state(id)
-    }
-
-    fn probe_runtime(
-        &self,
-        runtime: &OciRuntime,
-        id: &str,
-        bundle: &Path,
-        files: &ContainerFiles,
-    ) -> Result<(), String> {
-        let r = runtime
-            .create(id, bundle, files)
-            .map(drop)
-            .map_err(|e| e.to_string());
-        if let Err(e) = runtime.delete(id, &files.runtime_log) {
-            tracing::warn!(runtime = %runtime.name, error = %e, "cannot delete the probe container");
-        }
-        if let Some(m) = crate::process::read_pid(&files.monitor_pid_file) {
-            crate::process::kill_tree(m);
-        }
-        r
     }
 
     fn remove_cgroup(&self, cgroup: &str) -> Result<(), HostError> {

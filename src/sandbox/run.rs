@@ -490,13 +490,6 @@ fn validate_config(rt: &Runtime, c: &PodSandboxConfig) -> Result<Plan> {
             runtime.path.display()
         )));
     }
-    // A handler that cannot make a container on this node is refused up front, with its
-    // own reason (crun on a cgroup v1 hybrid host), not half way through.
-    rt.handler_works(&handler_name).map_err(|why| {
-        Error::FailedPrecondition(format!(
-            "runtime handler {handler_name:?} cannot run containers on this node: {why}"
-        ))
-    })?;
     let needs_process = rt
         .cfg
         .runtimes
