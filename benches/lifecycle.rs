@@ -68,7 +68,7 @@ impl Drop for Guard {
             }
         }
         let _ = Command::new("ip").args(["link", "del", BRIDGE]).output();
-        for d in ["netns", "ipcns", "utsns"] {
+        for d in ["netns", "ipcns", "utsns", "userns"] {
             let _ = Command::new("umount")
                 .arg("-l")
                 .arg(self.base.join(d))
