@@ -159,8 +159,10 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
             let dir = lock(&entry.record).dir.clone();
             rt.exit_watch.add(&id, &dir);
             rt.emit(crate::events::EventKind::Created, &id, &sb.id);
-            let rec = lock(&entry.record).clone();
-            rt.nri.post_create_container(&sb, &rec, &rt.cfg);
+            if rt.nri.active() {
+                let rec = lock(&entry.record).clone();
+                rt.nri.post_create_container(&sb, &rec, &rt.cfg);
+            }
             Ok(id)
         }
         Err(err) => {

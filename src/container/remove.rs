@@ -79,8 +79,10 @@ pub(crate) fn remove_locked(rt: &Runtime, entry: &ContainerEntry) -> Result<()> 
         }
     }
     unregister(rt, entry);
-    if let Ok(sb) = rt.sandbox_record(&rec.sandbox_id) {
-        rt.nri.remove_container(&sb, &rec, &rt.cfg);
+    if rt.nri.active() {
+        if let Ok(sb) = rt.sandbox_record(&rec.sandbox_id) {
+            rt.nri.remove_container(&sb, &rec, &rt.cfg);
+        }
     }
     tracing::info!(container_id = %rec.id, "container removed");
     rt.emit(EventKind::Deleted, &rec.id, &rec.sandbox_id);

@@ -70,16 +70,17 @@ pub enum Ended {
 }
 
 struct Queue {
-    events: VecDeque<Arc<Event>>,
-    /// What `events` come to, as [`approx_bytes`] counts.
+    /// Each with its size as [`approx_bytes`] counted it when it was published.
+    events: VecDeque<(Arc<Event>, usize)>,
+    /// What `events` come to.
     bytes: usize,
     ended: Option<Ended>,
 }
 
 impl Queue {
     fn pop(&mut self) -> Option<Arc<Event>> {
-        let e = self.events.pop_front()?;
-        self.bytes = self.bytes.saturating_sub(approx_bytes(&e));
+        let (e, size) = self.events.pop_front()?;
+        self.bytes = self.bytes.saturating_sub(size);
         Some(e)
     }
 }
@@ -128,7 +129,7 @@ struct Inner {
     subscribers: Vec<Arc<Subscriber>>,
     next_id: u64,
     /// Events from restore, kept for the first subscriber (`None` once handed over).
-    startup: Option<VecDeque<Arc<Event>>>,
+    startup: Option<VecDeque<(Arc<Event>, usize)>>,
 }
 
 /// The fan-out of events to subscribers.
@@ -186,7 +187,7 @@ impl Hub {
         if self.restoring.load(Ordering::Acquire) {
             if let Some(s) = inner.startup.as_mut() {
                 if s.len() < self.backlog {
-                    s.push_back(event.clone());
+                    s.push_back((event.clone(), size));
                 } else {
                     tracing::warn!(
                         container_id = %event.container_id,
@@ -219,7 +220,7 @@ impl Hub {
                 );
                 return false;
             }
-            q.events.push_back(event.clone());
+            q.events.push_back((event.clone(), size));
             q.bytes += size;
             drop(q);
             s.wake.notify_one();
@@ -240,7 +241,7 @@ impl Hub {
         let id = inner.next_id;
         inner.next_id += 1;
         let events = inner.startup.take().unwrap_or_default();
-        let bytes = events.iter().map(|e| approx_bytes(e)).sum();
+        let bytes = events.iter().map(|(_, size)| size).sum();
         let sub = Arc::new(Subscriber {
             id,
             queue: Mutex::new(Queue {

@@ -25,8 +25,10 @@ pub(crate) fn remove(rt: &Runtime, id: &str) -> Result<()> {
     }
     teardown(rt, &entry, false)?;
     unregister(rt, &entry);
-    let snapshot = lock(&entry.record).clone();
-    rt.nri.remove_pod_sandbox(&snapshot, &rt.cfg);
+    if rt.nri.active() {
+        let snapshot = lock(&entry.record).clone();
+        rt.nri.remove_pod_sandbox(&snapshot, &rt.cfg);
+    }
     let status = lock(&entry.record).status();
     tracing::info!(sandbox_id = %status.id, "pod sandbox removed");
     rt.emit_pod(crate::events::EventKind::Deleted, status);

@@ -284,8 +284,10 @@ fn create(
     }
     // NRI plugins see the pod before anyone else does (it is hidden meanwhile); one that
     // refuses it fails the creation, which the caller rolls back.
-    let snapshot = lock(&entry.record).clone();
-    rt.nri.run_pod_sandbox(&snapshot, &rt.cfg)?;
+    if rt.nri.active() {
+        let snapshot = lock(&entry.record).clone();
+        rt.nri.run_pod_sandbox(&snapshot, &rt.cfg)?;
+    }
     entry.update(|r| r.state = SandboxState::Ready)
 }
 

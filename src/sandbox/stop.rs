@@ -61,7 +61,7 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) ->
         entry.note(|r| r.stop.containers_stopped = true);
         failpoint::hit("stop:containers");
         // Once per pod that was ready, with every container of it exited.
-        if rec.state == SandboxState::Ready && !rollback {
+        if rec.state == SandboxState::Ready && !rollback && rt.nri.active() {
             let snapshot = lock(&entry.record).clone();
             rt.nri.stop_pod_sandbox(&snapshot, &rt.cfg);
         }

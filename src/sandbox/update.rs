@@ -38,6 +38,9 @@ pub(crate) fn update_resources(
         r.config.overhead = overhead;
         r.config.resources = resources;
     })?;
+    if !rt.nri.active() {
+        return Ok(());
+    }
     let snapshot = lock(&entry.record).clone();
     rt.nri.update_pod_sandbox(&snapshot, &rt.cfg)
 }
