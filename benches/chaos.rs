@@ -29,11 +29,15 @@ fn main() {
         arg("--clients", 16),
         arg("--kills", 3),
     );
-    println!("| round | pods | kills | lost | mismatched | stuck | left | host leaks | restart ms (each) | round s |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
-    let mut totals = (0, 0, 0, 0, 0, 0);
+    println!("| round | pods | kills | lost | mismatched | stuck | orphans (audit ms) | left | host leaks | restart ms (each) | round s |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut totals = (0, 0, 0, 0, 0, 0, 0);
     for r in 0..rounds {
-        let env = Env::new("bench-chaos");
+        let mut env = Env::new("bench-chaos");
+        if pods > 250 {
+            // More pods than a /24 has addresses.
+            env.widen_subnet(250);
+        }
         sandboxd::image::ImageStore::new(env.cfg.root.join("images"))
             .unwrap()
             .import(&common::busybox::oci_layout(&env.base, IMAGE), None)
@@ -49,12 +53,14 @@ fn main() {
                 });
         let restarts: Vec<String> = rep.restart_ms.iter().map(|m| format!("{m:.0}")).collect();
         println!(
-            "| {r} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |",
+            "| {r} | {} | {} | {} | {} | {} | {} ({:.1}) | {} | {} | {} | {:.1} |",
             rep.pods,
             rep.kills,
             rep.lost.len(),
             rep.mismatched.len(),
             rep.stuck.len(),
+            rep.orphans.len(),
+            rep.audit_ms,
             rep.left,
             if leaks.is_some() { 1 } else { 0 },
             restarts.join(", "),
@@ -64,6 +70,7 @@ fn main() {
             ("lost", &rep.lost),
             ("mismatched", &rep.mismatched),
             ("stuck", &rep.stuck),
+            ("orphan", &rep.orphans),
         ] {
             for x in v {
                 eprintln!("round {r}: {what}: {x}");
@@ -78,9 +85,10 @@ fn main() {
         totals.3 += rep.mismatched.len();
         totals.4 += rep.stuck.len();
         totals.5 += rep.left + usize::from(leaks.is_some());
+        totals.6 += rep.orphans.len();
     }
     println!(
-        "| **all** | {} | {} | **{}** | **{}** | **{}** | **{}** | | | |",
-        totals.0, totals.1, totals.2, totals.3, totals.4, totals.5
+        "| **all** | {} | {} | **{}** | **{}** | **{}** | **{}** | **{}** | | | |",
+        totals.0, totals.1, totals.2, totals.3, totals.4, totals.6, totals.5
     );
 }

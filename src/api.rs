@@ -8,3 +8,10 @@
 pub mod v1 {
     tonic::include_proto!("runtime.v1");
 }
+
+/// Package `sandboxd.v1`: the daemon's own admin API (`proto/sandboxd/v1/admin.proto`),
+/// served on the CRI socket beside it; `sandboxctl doctor` is its client.
+#[allow(clippy::all, missing_docs, rustdoc::all)]
+pub mod admin {
+    tonic::include_proto!("sandboxd.v1");
+}

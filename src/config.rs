@@ -176,6 +176,32 @@ pub struct Config {
     pub image_pull_progress_timeout: u64,
     /// NRI: node plugins that see and adjust pods and containers (`[nri]`).
     pub nri: NriConfig,
+    /// The self-audit (`[audit]`): how often, and whether it removes what it finds.
+    pub audit: AuditConfig,
+}
+
+/// `[audit]`: the daemon compares the host with its records every `interval` seconds (0:
+/// only when asked, by `sandboxctl doctor`) and publishes the orphans as metrics; with `fix`
+/// it also removes those at least `grace` seconds old.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuditConfig {
+    /// Seconds between audits; 0 turns the periodic audit off.
+    pub interval: u64,
+    /// Remove the orphans each periodic audit finds (off: only `sandboxctl doctor --fix` does).
+    pub fix: bool,
+    /// How old (seconds since the object last changed) an orphan must be to be removed.
+    pub grace: u64,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        AuditConfig {
+            interval: 600,
+            fix: false,
+            grace: 600,
+        }
+    }
 }
 
 /// NRI settings (`[nri]` in the config file; the peers' names and defaults).
@@ -297,6 +323,7 @@ impl Default for Config {
             cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
             image_pull_progress_timeout: 300,
             nri: NriConfig::default(),
+            audit: AuditConfig::default(),
         }
     }
 }

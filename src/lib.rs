@@ -9,6 +9,7 @@
 // types, the image store, lifecycle events, the streaming server, and the CRI layer with the
 // daemon's socket server (what `sandboxd` itself is built from).
 pub mod api;
+pub mod audit;
 pub mod config;
 pub mod cri;
 pub mod error;

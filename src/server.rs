@@ -31,6 +31,10 @@ pub struct DaemonConfig {
     /// Where to serve the daemon's own metrics (Prometheus text format, `GET /metrics`),
     /// e.g. `127.0.0.1:9090`; unset (the default): not served.
     pub metrics_address: Option<std::net::SocketAddr>,
+    /// Serve the metrics on an address that is not loopback. Off by default: pods reach the
+    /// node's addresses (their bridge's gateway among them), so a wildcard or node address
+    /// would show every tenant the node's pods, RPCs and orphans.
+    pub metrics_allow_remote: bool,
     /// The core runtime's settings, as top-level keys of the same file.
     #[serde(flatten)]
     pub runtime: Config,
@@ -43,6 +47,7 @@ impl Default for DaemonConfig {
             log_level: "info".into(),
             log_format: "text".into(),
             metrics_address: None,
+            metrics_allow_remote: false,
             runtime: Config::default(),
         }
     }
@@ -92,7 +97,19 @@ const OPTIONAL_KEYS: &[&str] = &[
 
 /// Binds the metrics listener (before the daemon says it is ready, so a taken port fails the
 /// start with a clear error).
-pub fn bind_metrics(addr: std::net::SocketAddr) -> Result<std::net::TcpListener> {
+/// An address that is not loopback is refused unless `allow_remote`
+/// (`metrics_allow_remote`).
+pub fn bind_metrics(
+    addr: std::net::SocketAddr,
+    allow_remote: bool,
+) -> Result<std::net::TcpListener> {
+    if !addr.ip().is_loopback() && !allow_remote {
+        return Err(Error::Config(format!(
+            "metrics_address {addr}: not a loopback address; pods can reach the node's addresses, \
+             so the daemon's metrics would be every tenant's to read (set metrics_allow_remote = \
+             true to serve them there anyway, behind a firewall)"
+        )));
+    }
     let l = std::net::TcpListener::bind(addr)
         .map_err(|e| Error::Config(format!("metrics_address {addr}: cannot listen: {e}")))?;
     l.set_nonblocking(true)
@@ -188,6 +205,7 @@ pub async fn serve(
     if let Err(e) = rt.start_nri() {
         tracing::error!(error = %e, "NRI not started");
     }
+    let audit = tokio::spawn(periodic_audit(rt.clone()));
     let events = rt.events.clone();
     let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
@@ -218,6 +236,9 @@ pub async fn serve(
                 .max_decoding_message_size(MAX_MESSAGE)
                 .max_encoding_message_size(MAX_MESSAGE),
         )
+        .add_service(crate::api::admin::admin_server::AdminServer::new(
+            svc.clone(),
+        ))
         .add_service(
             ImageServiceServer::new(svc)
                 .max_decoding_message_size(MAX_MESSAGE)
@@ -228,6 +249,46 @@ pub async fn serve(
             shutdown,
         )
         .await;
+    audit.abort();
     let _ = std::fs::remove_file(&socket);
     result.map_err(|e| Error::Config(format!("gRPC server: {e}")))
+}
+
+/// The self-audit every `[audit] interval` seconds (the first one interval after start: the
+/// start-up sweep has just run).
+async fn periodic_audit(rt: Arc<Runtime>) {
+    let cfg = rt.config().audit.clone();
+    if cfg.interval == 0 {
+        return;
+    }
+    let period = std::time::Duration::from_secs(cfg.interval);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let rt = rt.clone();
+        let cfg = cfg.clone();
+        let r = tokio::task::spawn_blocking(move || match cfg.fix {
+            true => rt.audit_fix(std::time::Duration::from_secs(cfg.grace)),
+            false => rt.audit(),
+        })
+        .await;
+        if let Ok(r) = r {
+            let orphans = r.orphans.len();
+            let fixed = r
+                .orphans
+                .iter()
+                .filter(|o| matches!(o.fixed, Some(Ok(()))))
+                .count();
+            match orphans {
+                0 => tracing::debug!(took_ms = r.took.as_millis() as u64, "audit: no orphans"),
+                _ => tracing::warn!(
+                    orphans,
+                    fixed,
+                    took_ms = r.took.as_millis() as u64,
+                    "audit: host objects no record owns (sandboxctl doctor lists them)"
+                ),
+            }
+        }
+    }
 }

@@ -242,6 +242,8 @@ fn storm_with_kills_loses_nothing() {
     assert!(r.lost.is_empty(), "lost: {:?}", r.lost);
     assert!(r.mismatched.is_empty(), "mismatched: {:?}", r.mismatched);
     assert!(r.stuck.is_empty(), "stuck: {:?}", r.stuck);
+    // The self-audit after the storm, pods still up: every host object has its record.
+    assert!(r.orphans.is_empty(), "orphans: {:?}", r.orphans);
     assert_eq!(r.left, 0, "{r:?}");
     env.assert_no_leaks();
 }

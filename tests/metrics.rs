@@ -283,3 +283,25 @@ fn prometheus_endpoint() {
         "only the streaming server listens on TCP by default:\n{listening}"
     );
 }
+
+/// The metrics listener serves loopback only unless told otherwise: pods reach the node's
+/// other addresses (their bridge's gateway), and the metrics name the node's pods and RPCs.
+#[test]
+fn metrics_listen_on_loopback_unless_allowed() {
+    use sandboxd::server::bind_metrics;
+    for a in ["0.0.0.0:0", "[::]:0", "10.0.0.1:0"] {
+        let e = bind_metrics(a.parse().unwrap(), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("not a loopback address") && e.contains("metrics_allow_remote"),
+            "{a}: {e}"
+        );
+    }
+    for a in ["127.0.0.1:0", "[::1]:0"] {
+        let l = bind_metrics(a.parse().unwrap(), false).unwrap();
+        assert!(l.local_addr().unwrap().ip().is_loopback());
+    }
+    let l = bind_metrics("0.0.0.0:0".parse().unwrap(), true).unwrap();
+    assert!(l.local_addr().unwrap().ip().is_unspecified());
+}

@@ -49,6 +49,35 @@ fn sandboxctl_drives_the_daemon() {
         serde_json::json!("pinned")
     );
     assert!(ctl(&["version"]).contains("sandboxd"));
+
+    // doctor: a live pod is no orphan; what a killed pull and a crash left is, until --fix.
+    assert!(ctl(&["doctor"]).contains("0 orphan(s)"));
+    let partial = env.cfg.root.join("images/tmp/layer-999999999-x");
+    let userns = env.cfg.root.join("userns").join("f".repeat(64));
+    std::fs::create_dir_all(&partial).unwrap();
+    std::fs::create_dir_all(&userns).unwrap();
+    let out = sandboxctl(&ep, &["-o", "json", "doctor"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let paths: Vec<&str> = report["orphans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths.len(), 2, "{report}");
+    assert!(paths.contains(&partial.to_str().unwrap()), "{report}");
+    assert!(paths.contains(&userns.to_str().unwrap()), "{report}");
+    let young = sandboxctl(&ep, &["doctor", "--fix", "--grace", "3600"])
+        .output()
+        .unwrap();
+    assert_eq!(young.status.code(), Some(1), "{young:?}");
+    assert!(partial.exists() && userns.exists());
+    let fixed = ctl(&["doctor", "--fix", "--grace", "0"]);
+    assert_eq!(fixed.matches("removed").count(), 2, "{fixed}");
+    assert!(!partial.exists() && !userns.exists());
+    assert!(ctl(&["doctor"]).contains("0 orphan(s)"));
+
     assert!(ctl(&["stopp", &id[..9]]).contains(&id));
     assert!(ctl(&["rmp", &id[..9]]).contains(&id));
     assert!(ctl(&["pods", "-q"]).trim().is_empty());

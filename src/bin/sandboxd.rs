@@ -197,7 +197,10 @@ fn daemon(cfg: DaemonConfig) -> Result<(), sandboxd::Error> {
     server::raise_fd_limit();
     let rt = Arc::new(Runtime::new(cfg.runtime.clone())?);
     let listener = server::bind_socket(&socket)?;
-    let metrics = cfg.metrics_address.map(server::bind_metrics).transpose()?;
+    let metrics = cfg
+        .metrics_address
+        .map(|a| server::bind_metrics(a, cfg.metrics_allow_remote))
+        .transpose()?;
     tracing::info!(
         socket = %socket.display(),
         metrics = ?cfg.metrics_address,

@@ -147,7 +147,7 @@ impl Cni {
         }
     }
 
-    fn cache_path(&self, id: &str) -> PathBuf {
+    pub(crate) fn cache_path(&self, id: &str) -> PathBuf {
         self.cache_dir.join(format!("{id}.json"))
     }
 
@@ -188,12 +188,9 @@ impl Cni {
         }
     }
 
-    /// Ids of every cache entry on disk (for start-up cleanup).
-    pub fn cached_ids(&self) -> Vec<String> {
-        let Ok(rd) = std::fs::read_dir(&self.cache_dir) else {
-            return Vec::new();
-        };
-        // What a crash mid-write left (the entry it was replacing, if any, is intact).
+    /// Removes what a crash mid-write left (the entry it was replacing, if any, is intact).
+    /// Only at start-up: while the daemon runs, a `.tmp` may be a write in progress.
+    pub fn remove_partial_writes(&self) {
         for e in std::fs::read_dir(&self.cache_dir)
             .into_iter()
             .flatten()
@@ -203,6 +200,13 @@ impl Cni {
                 let _ = std::fs::remove_file(e.path());
             }
         }
+    }
+
+    /// Ids of every cache entry on disk (read only: the audit lists them while pods come and go).
+    pub fn cached_ids(&self) -> Vec<String> {
+        let Ok(rd) = std::fs::read_dir(&self.cache_dir) else {
+            return Vec::new();
+        };
         rd.filter_map(|e| e.ok())
             .filter_map(|e| {
                 let name = e.file_name().into_string().ok()?;

@@ -4,6 +4,7 @@
 //! where CRIU does not work) answers `Unimplemented` with the reason: never a fake success.
 
 #[doc(hidden)]
+mod admin;
 pub mod codes;
 #[doc(hidden)]
 pub mod container;

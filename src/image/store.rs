@@ -509,27 +509,36 @@ impl ImageStore {
     /// Removes what interrupted pulls and imports left in `tmp/`: entries whose writing process
     /// is gone, and unnamed ones older than `age`.
     pub fn clean_tmp(&self, age: std::time::Duration) {
-        let tmp = self.dir.join("tmp");
-        for name in crate::state::list_dir(&tmp) {
-            let p = tmp.join(&name);
-            // `<what>-<pid>-<random>`: its writer is gone when that process is (a pull or an
-            // import killed mid-way); names without a pid, from before, go by age.
-            let writer_gone = name
-                .rsplit('-')
-                .nth(1)
-                .and_then(|pid| pid.parse::<i32>().ok())
-                .filter(|pid| *pid > 0)
-                .map(|pid| {
-                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
-                        == Err(nix::errno::Errno::ESRCH)
-                });
-            let old = std::fs::symlink_metadata(&p)
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| t.elapsed().unwrap_or_default() >= age);
-            if writer_gone.unwrap_or(old) {
-                let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
-            }
+        for p in self.abandoned_tmp(age) {
+            let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
         }
+    }
+
+    /// Entries of `tmp/` no pull or import is writing any more: `<what>-<pid>-<random>` whose
+    /// writer is gone (a pull or an import killed mid-way), and names without a pid, from
+    /// before, older than `age`.
+    pub fn abandoned_tmp(&self, age: std::time::Duration) -> Vec<PathBuf> {
+        let tmp = self.dir.join("tmp");
+        crate::state::list_dir(&tmp)
+            .into_iter()
+            .filter(|name| {
+                let writer_gone = name
+                    .rsplit('-')
+                    .nth(1)
+                    .and_then(|pid| pid.parse::<i32>().ok())
+                    .filter(|pid| *pid > 0)
+                    .map(|pid| {
+                        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+                            == Err(nix::errno::Errno::ESRCH)
+                    });
+                writer_gone.unwrap_or_else(|| {
+                    std::fs::symlink_metadata(tmp.join(name))
+                        .and_then(|m| m.modified())
+                        .is_ok_and(|t| t.elapsed().unwrap_or_default() >= age)
+                })
+            })
+            .map(|name| tmp.join(name))
+            .collect()
     }
 
     /// Bytes and inodes used by the store.

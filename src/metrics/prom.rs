@@ -39,6 +39,11 @@ struct State {
     state: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OrphanKind {
+    kind: &'static str,
+}
+
 /// Counts by state name (pods or containers).
 pub type StateCounts = Vec<(&'static str, i64)>;
 
@@ -60,6 +65,9 @@ pub struct DaemonMetrics {
     pulls: Family<Outcome, Counter>,
     pods: Family<State, Gauge>,
     containers: Family<State, Gauge>,
+    orphans: Family<OrphanKind, Gauge>,
+    audit_timestamp: Gauge,
+    audit_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl Default for DaemonMetrics {
@@ -109,6 +117,24 @@ impl DaemonMetrics {
         );
         registry.register("pods", "Pod sandboxes by state", pods.clone());
         registry.register("containers", "Containers by state", containers.clone());
+        let orphans = Family::<OrphanKind, Gauge>::default();
+        let audit_timestamp = Gauge::default();
+        let audit_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "orphans",
+            "Host objects this daemon made that no record owns, by kind, at the last audit",
+            orphans.clone(),
+        );
+        registry.register(
+            "audit_timestamp_seconds",
+            "When the last audit ended (Unix time)",
+            audit_timestamp.clone(),
+        );
+        registry.register(
+            "audit_duration_seconds",
+            "How long the last audit took",
+            audit_seconds.clone(),
+        );
         DaemonMetrics {
             registry,
             rpc_seconds,
@@ -119,7 +145,26 @@ impl DaemonMetrics {
             pulls,
             pods,
             containers,
+            orphans,
+            audit_timestamp,
+            audit_seconds,
         }
+    }
+
+    /// The last audit's orphans by kind, when it ended and how long it took.
+    pub fn record_audit(&self, r: &crate::audit::Report) {
+        for (kind, n) in r.counts() {
+            self.orphans
+                .get_or_create(&OrphanKind {
+                    kind: kind.as_str(),
+                })
+                .set(n as i64);
+        }
+        let at =
+            r.at.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .unwrap_or_default();
+        self.audit_timestamp.set(at.as_secs() as i64);
+        self.audit_seconds.set(r.took.as_secs_f64());
     }
 
     /// One CRI call: its method name, its gRPC code (0 = OK) and how long it took.

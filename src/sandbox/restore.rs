@@ -2,12 +2,10 @@
 //! reconcile Ready sandboxes against the runtime, and collect what no record references
 //! (namespace files with our prefix, record-less dirs, CNI cache entries, runtime containers).
 
-use std::collections::HashSet;
-
 use super::*;
 use crate::cni::CacheEntry;
 use crate::error::Result;
-use crate::{lock, validate, Runtime, SandboxEntry};
+use crate::{lock, Runtime, SandboxEntry};
 
 pub(crate) fn restore(rt: &Runtime) -> Result<()> {
     let dir = rt.cfg.root.join("sandboxes");
@@ -28,10 +26,18 @@ pub(crate) fn restore(rt: &Runtime) -> Result<()> {
             Err(e) => quarantine(rt, &id, format!("unreadable record: {e}")),
         }
     }
-    collect_namespaces(rt);
-    collect_cni(rt);
-    collect_runtime_containers(rt);
-    collect_userns_dirs(rt);
+    rt.cni.remove_partial_writes();
+    // What no record references now is an orphan of the last run (a crash between a host
+    // step and the record naming it): collected at once by the audit's own finders, in
+    // teardown order. `sandboxctl doctor` lists what appears later.
+    let swept = crate::audit::fix(rt, std::time::Duration::ZERO);
+    if !swept.orphans.is_empty() {
+        tracing::info!(
+            orphans = swept.orphans.len(),
+            took_ms = swept.took.as_millis() as u64,
+            "collected what the last run left"
+        );
+    }
     Ok(())
 }
 
@@ -112,136 +118,6 @@ fn retry_given_up_network(rt: &Runtime, entry: &SandboxEntry) {
                 r.network.gave_up = false;
                 r.network.last_del_error = None;
             });
-        }
-    }
-}
-
-/// Namespace files carrying this root's prefix that no record references.
-fn collect_namespaces(rt: &Runtime) {
-    let referenced: HashSet<std::path::PathBuf> = lock(&rt.registry)
-        .sandboxes
-        .values()
-        .flat_map(|e| {
-            let r = lock(&e.record);
-            r.namespace_files().cloned().collect::<Vec<_>>()
-        })
-        .collect();
-    let quarantined: HashSet<String> = lock(&rt.quarantine)
-        .sandboxes
-        .keys()
-        .map(|id| rt.ns_name(id))
-        .collect();
-    let prefix = rt.ns_prefix();
-    for dir in rt.cfg.namespace_dirs() {
-        let Ok(rd) = std::fs::read_dir(dir) else {
-            continue;
-        };
-        for e in rd.filter_map(|e| e.ok()) {
-            let p = e.path();
-            let ours = e
-                .file_name()
-                .to_str()
-                .is_some_and(|n| n.starts_with(&prefix) && !quarantined.contains(n));
-            if ours && !referenced.contains(&p) {
-                tracing::info!(path = %p.display(), "removing unreferenced namespace file");
-                if let Err(err) = rt.host.remove_namespace(&p) {
-                    tracing::warn!(path = %p.display(), error = %err, "cannot remove namespace file");
-                }
-            }
-        }
-    }
-}
-
-/// CNI cache entries without a sandbox: their network was set up (or half set up) and never
-/// torn down. DEL them with an empty netns so IPAM reservations are released.
-fn collect_cni(rt: &Runtime) {
-    let mut registered: HashSet<String> = lock(&rt.registry).sandboxes.keys().cloned().collect();
-    registered.extend(lock(&rt.quarantine).sandboxes.keys().cloned());
-    for id in rt.cni.cached_ids() {
-        if registered.contains(&id) {
-            continue;
-        }
-        match rt.cni.load_cache(&id) {
-            Some(CacheEntry {
-                list,
-                mut attachment,
-                result,
-            }) => {
-                attachment.netns = None;
-                match rt
-                    .host
-                    .cni_del(&rt.cni, &list, &attachment, result.as_ref())
-                {
-                    Ok(()) => {
-                        let _ = rt.cni.remove_cache(&id);
-                    }
-                    Err(e) => {
-                        tracing::warn!(sandbox_id = %id, error = %e, "CNI DEL of an orphaned network failed; will retry at next start")
-                    }
-                }
-            }
-            None => {
-                let _ = rt.cni.remove_cache(&id);
-            }
-        }
-    }
-}
-
-/// The ids of every sandbox and container with a record, readable or quarantined.
-fn known_ids(rt: &Runtime) -> HashSet<String> {
-    let reg = lock(&rt.registry);
-    let q = lock(&rt.quarantine);
-    reg.sandboxes
-        .keys()
-        .chain(reg.containers.keys())
-        .chain(q.sandboxes.keys())
-        .chain(q.containers.keys())
-        .cloned()
-        .collect()
-}
-
-/// User-namespace mount dirs (`<root>/userns/<id>`) of ids no record names (a crash between
-/// making one and the first record, say): unmounted and removed.
-fn collect_userns_dirs(rt: &Runtime) {
-    let known = known_ids(rt);
-    let Ok(rd) = std::fs::read_dir(rt.cfg.root.join(crate::userns::DIR)) else {
-        return;
-    };
-    for e in rd.filter_map(|e| e.ok()) {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if known.contains(&name) {
-            continue;
-        }
-        tracing::info!(path = %e.path().display(), "removing unreferenced user-namespace mount dir");
-        if let Err(err) = crate::state::remove_record_dir(&e.path()) {
-            tracing::warn!(path = %e.path().display(), error = %err, "cannot remove user-namespace mount dir");
-        }
-    }
-}
-
-/// Runtime containers under our runtime roots that no record references.
-fn collect_runtime_containers(rt: &Runtime) {
-    let registered = known_ids(rt);
-    for runtime in rt.runtimes.values() {
-        let Ok(rd) = std::fs::read_dir(&runtime.root) else {
-            continue;
-        };
-        for e in rd.filter_map(|e| e.ok()) {
-            let Some(id) = e.file_name().to_str().map(str::to_string) else {
-                continue;
-            };
-            if validate::full_id(&id).is_err() || registered.contains(&id) {
-                continue;
-            }
-            tracing::info!(container_id = %id, runtime = %runtime.name, "deleting unreferenced runtime container");
-            let log = rt
-                .cfg
-                .root
-                .join("runtime")
-                .join(format!("{}-gc.log", runtime.name));
-            if let Err(err) = rt.host.runtime_delete(runtime, &id, &log) {
-                tracing::warn!(container_id = %id, error = %err, "cannot delete runtime container");
-            }
         }
     }
 }

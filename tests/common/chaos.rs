@@ -31,6 +31,11 @@ pub struct Report {
     pub restart_ms: Vec<f64>,
     /// Pods and containers left after the teardown through the daemon.
     pub left: usize,
+    /// What the daemon's self-audit found after the storm, before the teardown (`kind owner
+    /// path`): host objects no record owns.
+    pub orphans: Vec<String>,
+    /// How long that audit took in the daemon, in ms (with every pod of the round up).
+    pub audit_ms: f64,
     pub seconds: f64,
 }
 
@@ -51,6 +56,27 @@ async fn connect(socket: &std::path::Path) -> Option<RuntimeServiceClient<Channe
         .await
         .ok()
         .map(RuntimeServiceClient::new)
+}
+
+/// The daemon's self-audit, as `kind owner path` lines.
+async fn audit_orphans(socket: &std::path::Path) -> (Vec<String>, f64) {
+    let ch = super::daemon::connect(&socket.to_string_lossy(), Duration::from_secs(5))
+        .await
+        .expect("daemon answers");
+    let r = sandboxd::api::admin::admin_client::AdminClient::new(ch)
+        .audit(sandboxd::api::admin::AuditRequest {
+            fix: false,
+            grace_seconds: 0,
+        })
+        .await
+        .expect("Audit answers")
+        .into_inner();
+    let orphans = r
+        .orphans
+        .into_iter()
+        .map(|o| format!("{} {} {}", o.kind, o.owner, o.path))
+        .collect();
+    (orphans, r.took_micros as f64 / 1000.0)
 }
 
 /// Retries `f` (with a fresh connection after any failure) until it succeeds; `Err` only for
@@ -320,6 +346,7 @@ pub fn round(
                     .push(format!("{}: reported {want}, runtime {status}", ct.id));
             }
         }
+        (report.orphans, report.audit_ms) = audit_orphans(&socket).await;
         for id in listed.keys() {
             let _ = c
                 .remove_pod_sandbox(cri::RemovePodSandboxRequest {

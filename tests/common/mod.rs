@@ -166,6 +166,21 @@ impl Env {
         }
     }
 
+    /// Gives the test's pods a bigger subnet than its /24 (for benchmarks of more than 250
+    /// pods), moving the network rule's DROP with it. `second_octet` picks `10.X.0.0/20`
+    /// outside the leases' `10.100-1xx` range; the caller keeps it unique.
+    #[allow(dead_code)]
+    pub fn widen_subnet(&mut self, second_octet: u8) {
+        let wide = format!("10.{second_octet}.0.0/20");
+        sh(&format!(
+            "iptables -w -I FORWARD -s {wide} ! -d {wide} -j DROP && iptables -w -D FORWARD -s {old} ! -d {old} -j DROP",
+            old = self.subnet
+        ));
+        self.cfg.default_network.subnet = wide.clone();
+        self.subnet = wide;
+        self.subnet_prefix = format!("10.{second_octet}.");
+    }
+
     pub fn runtime(&self) -> Runtime {
         Runtime::new(self.cfg.clone()).expect("runtime opens")
     }

@@ -44,6 +44,17 @@ pub enum Cmd {
     Version,
     /// Runtime status and conditions (verbose).
     Info,
+    /// sandboxd only: list what the daemon left on the host that no record owns (netns and
+    /// namespace files, CNI caches and so IP reservations, mounts, runtime containers, dirs,
+    /// half-unpacked layers), each with its owner id and age. Exits 1 while any remain.
+    Doctor {
+        /// Remove the orphans at least `--grace` seconds old, in teardown order.
+        #[arg(long)]
+        fix: bool,
+        /// Seconds since an orphan last changed before `--fix` removes it.
+        #[arg(long, default_value_t = 600)]
+        grace: i64,
+    },
     /// Run a pod sandbox from a crictl-style JSON config.
     Runp {
         config: PathBuf,

@@ -11,6 +11,7 @@ mod cli;
 mod client;
 mod config;
 mod containers;
+mod doctor;
 mod ids;
 mod images;
 mod info;
@@ -61,6 +62,7 @@ async fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
         Cmd::Version => info::version(&mut c, json).await,
         Cmd::Info => info::info(&mut c).await,
+        Cmd::Doctor { fix, grace } => doctor::run(&ch, fix, grace, json).await,
         Cmd::Runp { config, runtime } => pods::run(&mut c, &config, runtime).await,
         Cmd::Stopp { ids } => pods::stop(&mut c, ids).await,
         Cmd::Rmp { ids } => pods::remove(&mut c, ids).await,

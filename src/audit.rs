@@ -1,0 +1,457 @@
+//! The node's self-audit: what this daemon left on the host that no record owns any more.
+//!
+//! Each kind of host object the lifecycle makes is listed from the host and compared with the
+//! records (readable or quarantined). The host is listed first and the owners read after, so an
+//! object made while the audit runs is never taken for an orphan: every verb registers its id
+//! before it touches the host, and unregisters it only after the teardown.
+//!
+//! The start-up sweep ([`collect`] with no grace) and `sandboxctl doctor --fix` remove orphans
+//! through the same code, each kind in the seeds' teardown order: processes (runtime
+//! containers), then the network (CNI DEL while the cache names it), mounts, namespace files,
+//! dirs, and what interrupted pulls left.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::cni::CacheEntry;
+use crate::{lock, validate, Runtime};
+
+/// A kind of host object the daemon makes, in the order [`fix`] removes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// A container in one of our OCI runtimes' state roots.
+    RuntimeContainer,
+    /// A CNI cache entry: the pod's attachment (and so its IPAM reservation) was never DELeted.
+    CniCache,
+    /// A mount under the state root's pod or container dirs (shm, rootfs).
+    Mount,
+    /// A namespace file carrying this root's tag (netns, ipc, uts, user).
+    Namespace,
+    /// `<root>/sandboxes/<id>`.
+    SandboxDir,
+    /// `<root>/containers/<id>`.
+    ContainerDir,
+    /// `<root>/userns/<id>`.
+    UsernsDir,
+    /// An attach socket or exec console under `<root>/attach` and `<root>/exec`.
+    Socket,
+    /// An image store `tmp/` entry whose pull or import is gone (a half-unpacked layer).
+    PartialPull,
+    /// A pod cgroup of ours under the configured `cgroup_parent` (last: its processes must be
+    /// gone first).
+    Cgroup,
+}
+
+impl Kind {
+    /// Every kind, in removal order.
+    pub const ALL: [Kind; 10] = [
+        Kind::RuntimeContainer,
+        Kind::CniCache,
+        Kind::Mount,
+        Kind::Namespace,
+        Kind::SandboxDir,
+        Kind::ContainerDir,
+        Kind::UsernsDir,
+        Kind::Socket,
+        Kind::PartialPull,
+        Kind::Cgroup,
+    ];
+
+    /// The kind's name in metrics and `sandboxctl doctor`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::RuntimeContainer => "runtime_container",
+            Kind::CniCache => "cni_cache",
+            Kind::Mount => "mount",
+            Kind::Namespace => "namespace",
+            Kind::SandboxDir => "sandbox_dir",
+            Kind::ContainerDir => "container_dir",
+            Kind::UsernsDir => "userns_dir",
+            Kind::Socket => "socket",
+            Kind::PartialPull => "partial_pull",
+            Kind::Cgroup => "cgroup",
+        }
+    }
+}
+
+/// One host object no record owns.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Orphan {
+    /// What it is.
+    pub kind: Kind,
+    /// The pod or container id it was made for, where its name tells.
+    pub owner: String,
+    /// Where it is on the host.
+    pub path: PathBuf,
+    /// Since it last changed (the path's mtime), where the host tells.
+    pub age: Option<Duration>,
+    /// For [`fix`]: removed, or why not.
+    pub fixed: Option<std::result::Result<(), String>>,
+}
+
+/// What one audit found.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Report {
+    /// Each orphan found, by kind in removal order.
+    pub orphans: Vec<Orphan>,
+    /// How long the audit took.
+    pub took: Duration,
+    /// When it ended.
+    pub at: Option<SystemTime>,
+}
+
+impl Report {
+    /// Orphans of each kind (every kind present, zero included).
+    pub fn counts(&self) -> Vec<(Kind, usize)> {
+        Kind::ALL
+            .iter()
+            .map(|k| (*k, self.orphans.iter().filter(|o| o.kind == *k).count()))
+            .collect()
+    }
+}
+
+/// Lists every orphan, changing nothing.
+pub fn audit(rt: &Runtime) -> Report {
+    let start = Instant::now();
+    let mut orphans = Vec::new();
+    for kind in Kind::ALL {
+        orphans.extend(find(rt, kind));
+    }
+    Report {
+        orphans,
+        took: start.elapsed(),
+        at: Some(SystemTime::now()),
+    }
+}
+
+/// Lists every orphan and removes those at least `grace` old, kind by kind in teardown order.
+/// Each is checked against the records again just before it goes.
+pub fn fix(rt: &Runtime, grace: Duration) -> Report {
+    let start = Instant::now();
+    let mut orphans = Vec::new();
+    for kind in Kind::ALL {
+        orphans.extend(collect(rt, kind, grace));
+    }
+    Report {
+        orphans,
+        took: start.elapsed(),
+        at: Some(SystemTime::now()),
+    }
+}
+
+/// Finds the orphans of one kind and removes those at least `grace` old.
+pub(crate) fn collect(rt: &Runtime, kind: Kind, grace: Duration) -> Vec<Orphan> {
+    let mut found = find(rt, kind);
+    let owners = Owners::read(rt);
+    for o in &mut found {
+        if o.age.unwrap_or(Duration::MAX) < grace || owners.owns(o) {
+            continue;
+        }
+        let r = remove(rt, o);
+        match &r {
+            Ok(()) => {
+                tracing::info!(kind = kind.as_str(), owner = %o.owner, path = %o.path.display(), "orphan removed")
+            }
+            Err(e) => {
+                tracing::warn!(kind = kind.as_str(), owner = %o.owner, path = %o.path.display(), error = %e, "cannot remove orphan")
+            }
+        }
+        o.fixed = Some(r);
+    }
+    found
+}
+
+/// Everything that owns host objects: ids with a record (readable or quarantined), and the
+/// namespace files records name.
+struct Owners {
+    ids: HashSet<String>,
+    namespace_files: HashSet<PathBuf>,
+    /// The namespace file names of every sandbox id (see `Runtime::ns_name`).
+    namespace_names: HashSet<String>,
+    /// The first 16 characters of every id (attach and exec socket names).
+    shorts: HashSet<String>,
+}
+
+impl Owners {
+    fn read(rt: &Runtime) -> Owners {
+        let reg = lock(&rt.registry);
+        let q = lock(&rt.quarantine);
+        let ids: HashSet<String> = reg
+            .sandboxes
+            .keys()
+            .chain(reg.containers.keys())
+            .chain(q.sandboxes.keys())
+            .chain(q.containers.keys())
+            .cloned()
+            .collect();
+        let namespace_files = reg
+            .sandboxes
+            .values()
+            .flat_map(|e| {
+                lock(&e.record)
+                    .namespace_files()
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let namespace_names = reg
+            .sandboxes
+            .keys()
+            .chain(q.sandboxes.keys())
+            .filter(|id| id.len() >= 16)
+            .map(|id| rt.ns_name(id))
+            .collect();
+        let shorts = ids
+            .iter()
+            .filter_map(|id: &String| id.get(..16).map(str::to_string))
+            .collect();
+        Owners {
+            ids,
+            namespace_files,
+            namespace_names,
+            shorts,
+        }
+    }
+
+    fn owns(&self, o: &Orphan) -> bool {
+        match o.kind {
+            // Tmp entries have no id: their writer's liveness was the test.
+            Kind::PartialPull => false,
+            Kind::Namespace => {
+                self.namespace_files.contains(&o.path)
+                    || o.path
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| self.namespace_names.contains(n))
+            }
+            Kind::Socket => self.shorts.contains(&o.owner),
+            _ => self.ids.contains(&o.owner),
+        }
+    }
+}
+
+fn age(p: &Path) -> Option<Duration> {
+    let m = std::fs::symlink_metadata(p).ok()?.modified().ok()?;
+    Some(m.elapsed().unwrap_or_default())
+}
+
+fn orphan(kind: Kind, owner: &str, path: PathBuf) -> Orphan {
+    Orphan {
+        kind,
+        owner: owner.to_string(),
+        age: age(&path),
+        path,
+        fixed: None,
+    }
+}
+
+/// Full ids named by the entries of `dir`.
+fn ids_in(dir: &Path) -> Vec<String> {
+    crate::state::list_dir(dir)
+        .into_iter()
+        .filter(|n| validate::full_id(n).is_ok())
+        .collect()
+}
+
+/// The orphans of one kind: the host listed first, the owners read after.
+fn find(rt: &Runtime, kind: Kind) -> Vec<Orphan> {
+    let root = &rt.cfg.root;
+    let listed: Vec<Orphan> = match kind {
+        Kind::RuntimeContainer => rt
+            .runtimes
+            .values()
+            .flat_map(|r| {
+                ids_in(&r.root)
+                    .into_iter()
+                    .map(|id| orphan(kind, &id, r.root.join(&id)))
+            })
+            .collect(),
+        Kind::CniCache => rt
+            .cni
+            .cached_ids()
+            .into_iter()
+            .map(|id| orphan(kind, &id, rt.cni.cache_path(&id)))
+            .collect(),
+        Kind::Mount => {
+            let dirs = [
+                root.join("sandboxes"),
+                root.join("containers"),
+                root.join(crate::userns::DIR),
+            ];
+            crate::mounts::mountinfo()
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|m| {
+                    let owner = dirs.iter().find_map(|d| {
+                        let rest = m.mount_point.strip_prefix(d).ok()?;
+                        let id = rest.components().next()?.as_os_str().to_str()?;
+                        validate::full_id(id).is_ok().then(|| id.to_string())
+                    })?;
+                    Some(orphan(kind, &owner, m.mount_point))
+                })
+                .collect()
+        }
+        Kind::Namespace => {
+            let prefix = rt.ns_prefix();
+            rt.cfg
+                .namespace_dirs()
+                .into_iter()
+                .flat_map(|d| {
+                    crate::state::list_dir(d)
+                        .into_iter()
+                        .filter(|n| n.starts_with(&prefix))
+                        .map(|n| orphan(kind, n.rsplit('-').next().unwrap_or(""), d.join(&n)))
+                })
+                .collect()
+        }
+        Kind::SandboxDir | Kind::ContainerDir | Kind::UsernsDir => {
+            let dir = match kind {
+                Kind::SandboxDir => root.join("sandboxes"),
+                Kind::ContainerDir => root.join("containers"),
+                _ => root.join(crate::userns::DIR),
+            };
+            ids_in(&dir)
+                .into_iter()
+                .map(|id| orphan(kind, &id, dir.join(&id)))
+                .collect()
+        }
+        Kind::Socket => ["attach", "exec"]
+            .iter()
+            .flat_map(|d| {
+                let dir = root.join(d);
+                crate::state::list_dir(&dir)
+                    .into_iter()
+                    .filter_map(move |n| {
+                        let short = n.split('.').next()?.to_string();
+                        (short.len() == 16).then(|| orphan(kind, &short, dir.join(&n)))
+                    })
+            })
+            .collect(),
+        Kind::PartialPull => rt
+            .images
+            .abandoned_tmp(Duration::from_secs(3600))
+            .into_iter()
+            .map(|p| orphan(kind, "", p))
+            .collect(),
+        Kind::Cgroup => pod_cgroups(rt),
+    };
+    let owners = Owners::read(rt);
+    let mut orphans: Vec<Orphan> = listed.into_iter().filter(|o| !owners.owns(o)).collect();
+    if kind == Kind::Mount {
+        // Innermost first, so each unmount finds its mount point.
+        orphans.sort_by_key(|o| std::cmp::Reverse(o.path.components().count()));
+    }
+    orphans
+}
+
+/// The pod cgroups this daemon makes itself (pods whose config names no parent) under the
+/// configured parent, in every hierarchy, one entry per pod.
+fn pod_cgroups(rt: &Runtime) -> Vec<Orphan> {
+    let parent = &rt.cfg.cgroup_parent;
+    // Where the driver puts a pod of ours, and its name split where the id goes.
+    let dummy = "0".repeat(64);
+    let fs = crate::cgroups::systemd::fs_path(&rt.cgroup_driver.own_pod_cgroup(parent, &dummy))
+        .into_owned();
+    let fs = Path::new(fs.trim_start_matches('/'));
+    let (Some(rel_dir), Some(name)) = (fs.parent(), fs.file_name().and_then(|n| n.to_str())) else {
+        return Vec::new();
+    };
+    let Some((pre, post)) = name.split_once(&dummy) else {
+        return Vec::new();
+    };
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for h in crate::cgroups::hierarchies() {
+        let dir = h.mount_point.join(rel_dir);
+        for n in crate::state::list_dir(&dir) {
+            let Some(id) = n.strip_prefix(pre).and_then(|r| r.strip_suffix(post)) else {
+                continue;
+            };
+            if validate::full_id(id).is_ok() && seen.insert(id.to_string()) {
+                out.push(orphan(Kind::Cgroup, id, dir.join(&n)));
+            }
+        }
+    }
+    out
+}
+
+fn remove(rt: &Runtime, o: &Orphan) -> std::result::Result<(), String> {
+    match o.kind {
+        Kind::RuntimeContainer => {
+            let runtime = rt
+                .runtimes
+                .values()
+                .find(|r| o.path.parent() == Some(r.root.as_path()))
+                .ok_or("its runtime is no longer configured")?;
+            let log = rt
+                .cfg
+                .root
+                .join("runtime")
+                .join(format!("{}-gc.log", runtime.name));
+            rt.host
+                .runtime_delete(runtime, &o.owner, &log)
+                .map_err(|e| e.to_string())
+        }
+        Kind::CniCache => match rt.cni.load_cache(&o.owner) {
+            Some(CacheEntry {
+                list,
+                mut attachment,
+                result,
+            }) => {
+                // Its netns is gone or not ours to enter: DEL releases the IPAM reservation.
+                attachment.netns = None;
+                rt.host
+                    .cni_del(&rt.cni, &list, &attachment, result.as_ref())
+                    .map_err(|e| format!("CNI DEL: {e}"))?;
+                rt.cni.remove_cache(&o.owner).map_err(|e| e.to_string())
+            }
+            None => rt.cni.remove_cache(&o.owner).map_err(|e| e.to_string()),
+        },
+        Kind::Mount => rt.host.unmount_all(&o.path).map_err(|e| e.to_string()),
+        Kind::Namespace => rt.host.remove_namespace(&o.path).map_err(|e| e.to_string()),
+        Kind::SandboxDir => {
+            crate::sandbox::remove::remove_orphan_dir(rt, &o.path).map_err(|e| e.to_string())
+        }
+        Kind::ContainerDir | Kind::UsernsDir => {
+            rt.host
+                .unmount_all(&o.path.join("rootfs"))
+                .map_err(|e| e.to_string())?;
+            crate::state::remove_record_dir(&o.path).map_err(|e| e.to_string())
+        }
+        Kind::Socket => {
+            std::fs::remove_file(&o.path).map_err(|e| format!("remove {}: {e}", o.path.display()))
+        }
+        Kind::Cgroup => rt
+            .host
+            .remove_cgroup(
+                &rt.cgroup_driver
+                    .own_pod_cgroup(&rt.cfg.cgroup_parent, &o.owner),
+            )
+            .map_err(|e| e.to_string()),
+        Kind::PartialPull => std::fs::remove_dir_all(&o.path)
+            .or_else(|_| std::fs::remove_file(&o.path))
+            .map_err(|e| format!("remove {}: {e}", o.path.display())),
+    }
+}
+
+impl Runtime {
+    /// Lists what this daemon left on the host that no record owns (see [`audit`](self)),
+    /// and publishes the counts as metrics.
+    pub fn audit(&self) -> Report {
+        let r = audit(self);
+        self.metrics.record_audit(&r);
+        r
+    }
+
+    /// [`Runtime::audit`], removing the orphans at least `grace` old. The metrics count what
+    /// is left.
+    pub fn audit_fix(&self, grace: Duration) -> Report {
+        let r = fix(self, grace);
+        let mut left = r.clone();
+        left.orphans.retain(|o| !matches!(o.fixed, Some(Ok(()))));
+        self.metrics.record_audit(&left);
+        r
+    }
+}
