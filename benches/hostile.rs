@@ -1,8 +1,12 @@
 //! The daemon under hostile load, measured (not a test): its peak RSS over its idle RSS and
-//! the latency of `Version` while (a) 8 exec sessions stream 1 GiB each to clients that stop
-//! reading, (b) 8 ExecSync calls each produce 1 GiB, (c) 2000 half-open connections sit on the
-//! streaming port. Goals: each under +64 MiB over the idle daemon, Version p99 < 50 ms. Run it
-//! with `scripts/bench-hostile`, which records the table in bench/RESULTS.md.
+//! the latency of a CRI call while (a) 8 exec sessions stream 1 GiB each to clients that stop
+//! reading, (b) 8 ExecSync calls each produce 1 GiB, (d) 600 ExecSync calls with hour-long
+//! timeouts wait on one container, then their callers go, (e) 150 pulls stall on a registry
+//! sending a byte every 5 s, then their callers go, (c) 2000 half-open connections sit on the
+//! streaming port. Goals: each under +64 MiB over the idle daemon, p99 < 50 ms (`Version`;
+//! for (d) and (e) `ContainerStatus`, which runs on the blocking pool the attacks would
+//! fill), and what the callers left stops within seconds. Run it with `scripts/bench-hostile`,
+//! which records the table in bench/RESULTS.md.
 //!
 //! Usage: cargo bench --bench hostile
 
@@ -27,8 +31,20 @@ struct Sampler {
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
+/// What the sampler calls every 20 ms to see whether the CRI still answers.
+#[derive(Clone)]
+enum Probe {
+    Version,
+    /// ContainerStatus of this container: a call that runs on the daemon's blocking pool.
+    Status(String),
+}
+
 impl Sampler {
     fn start(d: &Daemon) -> Sampler {
+        Self::start_with(d, Probe::Version)
+    }
+
+    fn start_with(d: &Daemon, probe: Probe) -> Sampler {
         let stop = Arc::new(AtomicBool::new(false));
         let rss_peak = Arc::new(Mutex::new(0u64));
         let lat_ms = Arc::new(Mutex::new(Vec::new()));
@@ -57,15 +73,25 @@ impl Sampler {
             let mut c = rt.block_on(client(&socket));
             while !s.load(Ordering::Relaxed) {
                 let t = Instant::now();
-                let ok = rt
-                    .block_on(async {
-                        tokio::time::timeout(
-                            Duration::from_secs(5),
-                            c.version(cri::VersionRequest::default()),
-                        )
+                let ok = rt.block_on(async {
+                    let call = async {
+                        match &probe {
+                            Probe::Version => {
+                                c.version(cri::VersionRequest::default()).await.is_ok()
+                            }
+                            Probe::Status(id) => c
+                                .container_status(cri::ContainerStatusRequest {
+                                    container_id: id.clone(),
+                                    verbose: false,
+                                })
+                                .await
+                                .is_ok(),
+                        }
+                    };
+                    tokio::time::timeout(Duration::from_secs(5), call)
                         .await
-                    })
-                    .is_ok_and(|r| r.is_ok());
+                        .unwrap_or(false)
+                });
                 let ms = if ok {
                     t.elapsed().as_secs_f64() * 1000.0
                 } else {
@@ -231,6 +257,134 @@ fn main() {
         &format!(
             "8 ExecSync × 1 GiB output at once (each ≤ 16 MiB; ≤ 24 MiB kept at a time in all; {:.1} MiB returned)",
             kept as f64 / (1 << 20) as f64
+        ),
+        s,
+    );
+
+    // (d) 600 ExecSync calls with hour-long timeouts on one container over one connection
+    // (exec probes with long timeouts are ordinary pod specs), then their callers go away.
+    let threads = |pid: u32| {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let sleeping = || {
+        std::process::Command::new("pgrep")
+            .args(["-fc", "^sleep 3601$"])
+            .output()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .trim()
+                    .parse::<usize>()
+                    .unwrap_or(0)
+            })
+            .unwrap_or(0)
+    };
+    let threads_idle = threads(d.pid());
+    let s = Sampler::start_with(&d, Probe::Status(id.clone()));
+    let calls: Vec<_> = (0..600)
+        .map(|_| {
+            let mut cc = c.clone();
+            let id = id.clone();
+            rt.spawn(async move {
+                cc.exec_sync(cri::ExecSyncRequest {
+                    container_id: id,
+                    cmd: vec!["sleep".into(), "3601".into()],
+                    timeout: 3600,
+                })
+                .await
+                .map_err(|e| e.code())
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(10));
+    let running = sleeping();
+    let threads_peak = threads(d.pid());
+    let refused = calls.iter().filter(|t| t.is_finished()).count();
+    for t in &calls {
+        t.abort();
+    }
+    let t0 = Instant::now();
+    while sleeping() > 0 && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let gone_s = t0.elapsed().as_secs_f64();
+    let left = sleeping();
+    row(
+        &format!(
+            "600 ExecSync (sleep, timeout 1 h) on one container (10 s): {running} running, {refused} refused; daemon threads {threads_idle} → {threads_peak}; callers gone → commands gone in {gone_s:.1} s ({left} left); probe: ContainerStatus"
+        ),
+        s,
+    );
+
+    // (e) 150 pulls of distinct images from a loopback registry that sends each layer a byte
+    // every 5 s, each with a 10 s client deadline; then the callers are gone.
+    let (layer, config) = common::busybox::gzip_layer_and_config();
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": common::busybox::sha(&config), "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": common::busybox::sha(&layer), "size": layer.len()}],
+    }))
+    .unwrap();
+    let (cfg_digest, layer_digest) = (common::busybox::sha(&config), common::busybox::sha(&layer));
+    let stall = common::fake_registry::FakeRegistry::start(move |path| {
+        use common::fake_registry::Answer;
+        if path.contains("/manifests/") {
+            Some(Answer::json(
+                manifest.clone(),
+                "application/vnd.oci.image.manifest.v1+json",
+            ))
+        } else if path.ends_with(&format!("/blobs/{cfg_digest}")) {
+            Some(Answer::json(config.clone(), "application/octet-stream"))
+        } else if path.ends_with(&format!("/blobs/{layer_digest}")) {
+            let mut a = Answer::json(layer.clone(), "application/octet-stream");
+            a.pace = Some((1, Duration::from_secs(5)));
+            Some(a)
+        } else {
+            None
+        }
+    });
+    let threads_before = threads(d.pid());
+    let s = Sampler::start_with(&d, Probe::Status(id.clone()));
+    let pulls: Vec<_> = (0..150)
+        .map(|i| {
+            let image = format!("{}/stall/img{i}:1", stall.addr);
+            let socket = d.socket.clone();
+            rt.spawn(async move {
+                let chan =
+                    common::daemon::connect(&socket.to_string_lossy(), Duration::from_secs(5))
+                        .await
+                        .unwrap();
+                let mut images = cri::image_service_client::ImageServiceClient::new(chan);
+                let mut req = tonic::Request::new(cri::PullImageRequest {
+                    image: Some(cri::ImageSpec {
+                        image,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                });
+                req.set_timeout(Duration::from_secs(10));
+                images.pull_image(req).await.map_err(|e| e.code())
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(8));
+    let threads_pulling = threads(d.pid());
+    let mut deadline_exceeded = 0;
+    for p in pulls {
+        if matches!(rt.block_on(p).unwrap(), Err(tonic::Code::DeadlineExceeded)) {
+            deadline_exceeded += 1;
+        }
+    }
+    let t0 = Instant::now();
+    while threads(d.pid()) > threads_before + 8 && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let settle_s = t0.elapsed().as_secs_f64();
+    let threads_after = threads(d.pid());
+    row(
+        &format!(
+            "150 pulls from a registry sending a byte every 5 s, 10 s deadline each: {deadline_exceeded} DeadlineExceeded; daemon threads {threads_before} → {threads_pulling} while pulling → {threads_after} {settle_s:.1} s after the callers left; probe: ContainerStatus"
         ),
         s,
     );

@@ -132,7 +132,11 @@ pub struct Runtime {
 }
 
 /// The outcome of one pull, shared by everyone who asked for it while it ran.
-pub(crate) type PullCell = std::sync::OnceLock<std::result::Result<image::ImageRecord, Error>>;
+pub(crate) struct PullCell {
+    result: std::sync::OnceLock<std::result::Result<image::ImageRecord, Error>>,
+    /// Everyone waiting for this pull; when every one has gone, the pull is abandoned.
+    callers: Mutex<Vec<image::PullCaller>>,
+}
 
 pub(crate) use state::lock;
 

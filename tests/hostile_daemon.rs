@@ -299,3 +299,121 @@ fn exec_sync_is_capped_per_container_and_stops_when_its_caller_goes() {
     remove_pod(&rt, &mut c, &sb);
     env.assert_no_leaks();
 }
+
+/// A pull every caller has left stops: kubelet's call that timed out (or was cancelled) no
+/// longer leaves a download holding a thread and a connection until the progress timeout.
+/// While another caller still waits, the shared pull goes on.
+#[test]
+fn a_pull_stops_when_every_caller_has_gone() {
+    use common::daemon::{rt, Daemon};
+    use common::fake_registry::{Answer, FakeRegistry};
+    use sandboxd::api::v1 as cri;
+    use sandboxd::api::v1::image_service_client::ImageServiceClient;
+    let env = Env::new("hostile-pullgone");
+    let d = Daemon::start(&env);
+    let (layer, config) = busybox::gzip_layer_and_config();
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": busybox::sha(&config), "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": busybox::sha(&layer), "size": layer.len()}],
+    }))
+    .unwrap();
+    let (cfg_digest, layer_digest) = (busybox::sha(&config), busybox::sha(&layer));
+    // A byte every 5 s: never stalled long enough for the progress timeout (300 s).
+    let fake = FakeRegistry::start(move |path| {
+        if path.ends_with("/manifests/1") {
+            Some(Answer::json(
+                manifest.clone(),
+                "application/vnd.oci.image.manifest.v1+json",
+            ))
+        } else if path.ends_with(&format!("/blobs/{cfg_digest}")) {
+            Some(Answer::json(config.clone(), "application/octet-stream"))
+        } else if path.ends_with(&format!("/blobs/{layer_digest}")) {
+            let mut a = Answer::json(layer.clone(), "application/octet-stream");
+            a.pace = Some((1, Duration::from_secs(5)));
+            Some(a)
+        } else {
+            None
+        }
+    });
+    let image = format!("{}/x/drip:1", fake.addr);
+    let tokio = rt();
+    let socket = d.socket.to_string_lossy().into_owned();
+    let client = || {
+        let socket = socket.clone();
+        async move {
+            ImageServiceClient::new(
+                common::daemon::connect(&socket, Duration::from_secs(30))
+                    .await
+                    .unwrap(),
+            )
+        }
+    };
+    let pull = |deadline: Duration| {
+        let image = image.clone();
+        let client = client();
+        async move {
+            let mut images = client.await;
+            let mut req = tonic::Request::new(cri::PullImageRequest {
+                image: Some(cri::ImageSpec {
+                    image,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            req.set_timeout(deadline);
+            images.pull_image(req).await.map(|_| ()).map_err(|e| e.code())
+        }
+    };
+    let in_flight = || {
+        tokio.block_on(async {
+            let mut images = client().await;
+            images
+                .image_status(cri::ImageStatusRequest {
+                    image: Some(cri::ImageSpec {
+                        image: image.clone(),
+                        ..Default::default()
+                    }),
+                    verbose: true,
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .info
+                .contains_key("pullProgress")
+        })
+    };
+    let first = tokio.spawn(pull(Duration::from_secs(1)));
+    let second = tokio.spawn(pull(Duration::from_secs(6)));
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        first.is_finished(),
+        "the first caller's deadline has passed"
+    );
+    assert!(in_flight(), "the pull stopped while a caller still waits");
+    for call in [first, second] {
+        assert_eq!(
+            tokio.block_on(call).unwrap(),
+            Err(tonic::Code::DeadlineExceeded)
+        );
+    }
+    let t = std::time::Instant::now();
+    while in_flight() {
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "the pull goes on with no caller left"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let tmp = env.cfg.root.join("images/tmp");
+    while !list_names(&tmp).is_empty() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "partial layers left: {:?}",
+            list_names(&tmp)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(d);
+    env.assert_no_leaks();
+}

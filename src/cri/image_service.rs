@@ -72,13 +72,19 @@ impl ImageService for CriService {
         let name = req.image.map(|i| i.image).unwrap_or_default();
         let auth = image::auth(req.auth.as_ref()).map_err(|e| codes::status_of(&e))?;
         let n = name.clone();
-        let pull = self.blocking("PullImage", &name, move |rt| rt.pull_image(&n, &auth));
+        // Raised when this call's future is dropped (the client cancelled, or its deadline
+        // below passed): a pull every caller has left is cancelled.
+        let caller = crate::image::PullCaller::default();
+        let _gone = RaiseOnDrop(caller.clone());
+        let pull = self.blocking("PullImage", &name, move |rt| {
+            rt.pull_image_for(&n, &auth, caller)
+        });
         // The client's deadline answers DeadlineExceeded (tonic's own timeout layer would
-        // answer Cancelled); the pull goes on, and a retry joins it or finds the image.
+        // answer Cancelled); a pull another caller still waits for goes on.
         let img = match deadline {
             Some(d) => tokio::time::timeout(d, pull).await.map_err(|_| {
                 Status::deadline_exceeded(format!(
-                    "PullImage {name}: not done within the client's deadline ({d:?}); it goes on in the background"
+                    "PullImage {name}: not done within the client's deadline ({d:?}); cancelled unless another caller waits for it (layers already unpacked are kept)"
                 ))
             })??,
             None => pull.await?,
@@ -145,5 +151,14 @@ impl ImageService for CriService {
         Ok(Response::new(list_streams::chunked(images, |images| {
             cri::StreamImagesResponse { images }
         })))
+    }
+}
+
+/// Raises a pull caller's flag when the RPC's future is dropped.
+struct RaiseOnDrop(crate::image::PullCaller);
+
+impl Drop for RaiseOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }

@@ -22,3 +22,7 @@ mod verbs;
 
 pub use pull::{Auth, RegistryConfig};
 pub use store::{ExecConfig, ImageRecord, ImageStore, StoreConfig};
+
+/// One caller's flag in a shared pull: raised when the caller stops waiting (see
+/// [`Runtime::pull_image_for`](crate::Runtime::pull_image_for)).
+pub type PullCaller = std::sync::Arc<std::sync::atomic::AtomicBool>;

@@ -15,22 +15,59 @@ impl Runtime {
     /// PullImage: fetches `image` from its registry (mirrors first) into the store. Callers
     /// pulling the same reference at the same time share one download.
     pub fn pull_image(&self, image: &str, auth: &image::Auth) -> Result<image::ImageRecord> {
+        self.pull_image_for(image, auth, image::PullCaller::default())
+    }
+
+    /// [`Runtime::pull_image`] for a caller that may go away (a CRI client whose call was
+    /// cancelled or timed out): once every caller of a shared pull has raised its flag, the
+    /// pull is cancelled within a second — its transfers dropped, its partial layers removed.
+    /// Layers already unpacked are kept, so a retry goes on from them.
+    pub fn pull_image_for(
+        &self,
+        image: &str,
+        auth: &image::Auth,
+        caller: image::PullCaller,
+    ) -> Result<image::ImageRecord> {
         // Only requests for the same image with the same credentials share a download.
         let key = format!(
             "{} {}",
             image::reference::Reference::parse(image)?.full(),
             auth.share_key()
         );
-        let cell = lock(&self.pulls).entry(key.clone()).or_default().clone();
-        let out = cell.get_or_init(|| {
+        let cell = {
+            let mut pulls = lock(&self.pulls);
+            let cell = pulls
+                .entry(key.clone())
+                .or_insert_with(|| {
+                    Arc::new(crate::PullCell {
+                        result: Default::default(),
+                        callers: Default::default(),
+                    })
+                })
+                .clone();
+            lock(&cell.callers).push(caller);
+            cell
+        };
+        let out = cell.result.get_or_init(|| {
             let started = std::time::Instant::now();
-            let fut = image::pull::pull(
+            let pull = image::pull::pull(
                 &self.images,
                 image,
                 auth,
                 &self.cfg.registries,
                 std::time::Duration::from_secs(self.cfg.image_pull_progress_timeout),
             );
+            let fut = async {
+                tokio::select! {
+                    r = pull => r,
+                    () = self.abandoned(&key, &cell) => {
+                        tracing::info!(image, "every caller of the pull went away: cancelled");
+                        Err(Error::DeadlineExceeded(format!(
+                            "pull of {image}: every caller went away; cancelled"
+                        )))
+                    }
+                }
+            };
             let r = match tokio::runtime::Handle::try_current() {
                 Ok(h) => h.block_on(fut),
                 Err(_) => tokio::runtime::Builder::new_multi_thread()
@@ -56,6 +93,25 @@ impl Runtime {
         match out {
             Ok(r) => Ok(r.clone()),
             Err(e) => Err(e.duplicate()),
+        }
+    }
+
+    /// Returns once every caller of `cell` has gone, having taken the cell out of the pulls in
+    /// flight (under their lock, so a caller arriving now starts a pull of its own rather than
+    /// joining the one being cancelled).
+    async fn abandoned(&self, key: &str, cell: &Arc<crate::PullCell>) {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            let mut pulls = lock(&self.pulls);
+            let gone = lock(&cell.callers)
+                .iter()
+                .all(|c| c.load(std::sync::atomic::Ordering::SeqCst));
+            if gone {
+                if pulls.get(key).is_some_and(|c| Arc::ptr_eq(c, cell)) {
+                    pulls.remove(key);
+                }
+                return;
+            }
         }
     }
 
