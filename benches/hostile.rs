@@ -1,9 +1,9 @@
 //! The daemon under hostile load, measured (not a test): its peak RSS over its idle RSS and
 //! the latency of a CRI call while (a) 8 exec sessions stream 1 GiB each to clients that stop
-//! reading, (b) 8 ExecSync calls each produce 1 GiB, (d) 600 ExecSync calls with hour-long
-//! timeouts wait on one container, then their callers go, (e) 150 pulls stall on a registry
-//! sending a byte every 5 s, then their callers go, (c) 2000 half-open connections sit on the
-//! streaming port. Goals: each under +64 MiB over the idle daemon, p99 < 50 ms (`Version`;
+//! reading, (b) 8 ExecSync calls each produce 1 GiB, (c) 2000 half-open connections sit on the
+//! streaming port, (d) 600 ExecSync calls with hour-long timeouts wait on one container, then
+//! their callers go, (e) 150 pulls stall on a registry sending a byte every 5 s, then their
+//! callers go. Goals: each under +64 MiB over the idle daemon, p99 < 50 ms (`Version`;
 //! for (d) and (e) `ContainerStatus`, which runs on the blocking pool the attacks would
 //! fill), and what the callers left stops within seconds. Run it with `scripts/bench-hostile`,
 //! which records the table in bench/RESULTS.md.
@@ -261,6 +261,38 @@ fn main() {
         s,
     );
 
+    // (c) 2000 half-open connections on the streaming port.
+    let url = rt
+        .block_on(c.exec(cri::ExecRequest {
+            container_id: id.clone(),
+            cmd: vec!["true".into()],
+            tty: false,
+            stdin: false,
+            stdout: true,
+            stderr: false,
+            ..Default::default()
+        }))
+        .unwrap()
+        .into_inner()
+        .url;
+    let addr = url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let s = Sampler::start(&d);
+    let mut conns = Vec::new();
+    for _ in 0..2000 {
+        if let Ok(mut t) = std::net::TcpStream::connect(&addr) {
+            let _ = std::io::Write::write_all(&mut t, b"GET /exec/x HTTP/1.1\r\n");
+            conns.push(t);
+        }
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    row("2000 half-open streaming connections (5 s)", s);
+    drop(conns);
+
     // (d) 600 ExecSync calls with hour-long timeouts on one container over one connection
     // (exec probes with long timeouts are ordinary pod specs), then their callers go away.
     let threads = |pid: u32| {
@@ -280,6 +312,8 @@ fn main() {
             })
             .unwrap_or(0)
     };
+    // tokio lets idle blocking threads go after 10 s: start from a settled daemon.
+    std::thread::sleep(Duration::from_secs(11));
     let threads_idle = threads(d.pid());
     let s = Sampler::start_with(&d, Probe::Status(id.clone()));
     let calls: Vec<_> = (0..600)
@@ -312,31 +346,50 @@ fn main() {
     let left = sleeping();
     row(
         &format!(
-            "600 ExecSync (sleep, timeout 1 h) on one container (10 s): {running} running, {refused} refused; daemon threads {threads_idle} → {threads_peak}; callers gone → commands gone in {gone_s:.1} s ({left} left); probe: ContainerStatus"
+            "600 ExecSync (sleep, timeout 1 h) on one container (10 s): {running} running, {refused} refused; daemon threads {threads_idle} → {threads_peak}; callers gone → commands gone in {gone_s:.2} s ({left} left); probe: ContainerStatus"
         ),
         s,
     );
 
     // (e) 150 pulls of distinct images from a loopback registry that sends each layer a byte
     // every 5 s, each with a 10 s client deadline; then the callers are gone.
-    let (layer, config) = common::busybox::gzip_layer_and_config();
-    let manifest = serde_json::to_vec(&serde_json::json!({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": common::busybox::sha(&config), "size": config.len()},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": common::busybox::sha(&layer), "size": layer.len()}],
-    }))
-    .unwrap();
-    let (cfg_digest, layer_digest) = (common::busybox::sha(&config), common::busybox::sha(&layer));
+    // Each image its own layer (distinct from the busybox the daemon holds), so no pull finds
+    // its layer stored or shares another's download.
+    let images: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> = (0..150)
+        .map(|i| {
+            let body = format!("stalled image {i}\n").repeat(64);
+            let layer = common::busybox::layer_of(&[common::busybox::Entry::File(
+                "stalled",
+                body.as_bytes(),
+            )]);
+            let config = common::busybox::config(&layer, &["sh"]);
+            let manifest = serde_json::to_vec(&serde_json::json!({
+                "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": common::busybox::sha(&config), "size": config.len()},
+                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": common::busybox::sha(&layer), "size": layer.len()}],
+            }))
+            .unwrap();
+            (manifest, config, layer)
+        })
+        .collect();
     let stall = common::fake_registry::FakeRegistry::start(move |path| {
         use common::fake_registry::Answer;
+        // /v2/stall/img<i>/...
+        let i: usize = path
+            .strip_prefix("/v2/stall/img")?
+            .split('/')
+            .next()?
+            .parse()
+            .ok()?;
+        let (manifest, config, layer) = images.get(i)?;
         if path.contains("/manifests/") {
             Some(Answer::json(
                 manifest.clone(),
                 "application/vnd.oci.image.manifest.v1+json",
             ))
-        } else if path.ends_with(&format!("/blobs/{cfg_digest}")) {
+        } else if path.ends_with(&common::busybox::sha(config)) {
             Some(Answer::json(config.clone(), "application/octet-stream"))
-        } else if path.ends_with(&format!("/blobs/{layer_digest}")) {
+        } else if path.ends_with(&common::busybox::sha(layer)) {
             let mut a = Answer::json(layer.clone(), "application/octet-stream");
             a.pace = Some((1, Duration::from_secs(5)));
             Some(a)
@@ -344,6 +397,7 @@ fn main() {
             None
         }
     });
+    std::thread::sleep(Duration::from_secs(11));
     let threads_before = threads(d.pid());
     let s = Sampler::start_with(&d, Probe::Status(id.clone()));
     let pulls: Vec<_> = (0..150)
@@ -370,56 +424,45 @@ fn main() {
         .collect();
     std::thread::sleep(Duration::from_secs(8));
     let threads_pulling = threads(d.pid());
-    let mut deadline_exceeded = 0;
+    let mut answers = std::collections::BTreeMap::<String, usize>::new();
     for p in pulls {
-        if matches!(rt.block_on(p).unwrap(), Err(tonic::Code::DeadlineExceeded)) {
-            deadline_exceeded += 1;
-        }
+        let a = match rt.block_on(p).unwrap() {
+            Ok(_) => "OK".to_string(),
+            Err(code) => format!("{code:?}"),
+        };
+        *answers.entry(a).or_default() += 1;
     }
+    let answers: Vec<String> = answers.iter().map(|(a, n)| format!("{n} {a}")).collect();
+    let answers = answers.join(", ");
+    // The daemon's connections to the registry: one per pull still downloading.
+    let port = stall.addr.rsplit(':').next().unwrap().to_string();
+    let downloading = || {
+        std::process::Command::new("ss")
+            .args([
+                "-Htn",
+                "state",
+                "established",
+                "dport",
+                "=",
+                &format!(":{port}"),
+            ])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+            .unwrap_or(0)
+    };
     let t0 = Instant::now();
-    while threads(d.pid()) > threads_before + 8 && t0.elapsed() < Duration::from_secs(60) {
-        std::thread::sleep(Duration::from_millis(100));
+    while downloading() > 0 && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
     }
     let settle_s = t0.elapsed().as_secs_f64();
+    let left = downloading();
     let threads_after = threads(d.pid());
     row(
         &format!(
-            "150 pulls from a registry sending a byte every 5 s, 10 s deadline each: {deadline_exceeded} DeadlineExceeded; daemon threads {threads_before} → {threads_pulling} while pulling → {threads_after} {settle_s:.1} s after the callers left; probe: ContainerStatus"
+            "150 pulls from a registry sending a byte every 5 s, 10 s deadline each: {answers} at the deadline; callers gone → downloads gone in {settle_s:.2} s ({left} left); daemon threads {threads_before} → {threads_pulling} while pulling, {threads_after} after (idle: the probe's calls keep tokio's pool warm); probe: ContainerStatus"
         ),
         s,
     );
-
-    // (c) 2000 half-open connections on the streaming port.
-    let url = rt
-        .block_on(c.exec(cri::ExecRequest {
-            container_id: id.clone(),
-            cmd: vec!["true".into()],
-            tty: false,
-            stdin: false,
-            stdout: true,
-            stderr: false,
-            ..Default::default()
-        }))
-        .unwrap()
-        .into_inner()
-        .url;
-    let addr = url
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
-    let s = Sampler::start(&d);
-    let mut conns = Vec::new();
-    for _ in 0..2000 {
-        if let Ok(mut t) = std::net::TcpStream::connect(&addr) {
-            let _ = std::io::Write::write_all(&mut t, b"GET /exec/x HTTP/1.1\r\n");
-            conns.push(t);
-        }
-    }
-    std::thread::sleep(Duration::from_secs(5));
-    row("2000 half-open streaming connections (5 s)", s);
-    drop(conns);
 
     rt.block_on(c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sb }))
         .unwrap();

@@ -99,6 +99,8 @@ pub struct Runtime {
     pub(crate) images: image::ImageStore,
     /// Pulls in flight, by reference: concurrent pulls of one image share one download.
     pub(crate) pulls: Mutex<HashMap<String, Arc<PullCell>>>,
+    /// Pulls that may run at once (`[images] max_concurrent_pulls`).
+    pub(crate) pull_slots: tokio::sync::Semaphore,
     /// The shared read-only infra rootfs (present when a pause binary was found).
     pub(crate) infra_rootfs: Option<PathBuf>,
     /// Short tag of the state root, part of every namespace file name, so several daemons
@@ -293,6 +295,7 @@ impl Runtime {
         // What an interrupted pull or import left behind: its process is gone (or, for names
         // from before the pid was in them, older than any running one).
         images.clean_tmp(std::time::Duration::from_secs(3600));
+        let pull_slots = tokio::sync::Semaphore::new(cfg.images.max_concurrent_pulls.max(1));
         Ok(Runtime {
             cfg,
             registry: Mutex::new(Registry::default()),
@@ -300,6 +303,7 @@ impl Runtime {
             runtimes,
             images,
             pulls: Mutex::new(HashMap::new()),
+            pull_slots,
             infra_rootfs,
             root_tag,
             quarantine: Mutex::new(state::Quarantine::default()),

@@ -362,7 +362,11 @@ fn a_pull_stops_when_every_caller_has_gone() {
                 ..Default::default()
             });
             req.set_timeout(deadline);
-            images.pull_image(req).await.map(|_| ()).map_err(|e| e.code())
+            images
+                .pull_image(req)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.code())
         }
     };
     let in_flight = || {

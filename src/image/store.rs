@@ -84,6 +84,10 @@ pub struct StoreConfig {
     pub keep_layer_blobs: bool,
     /// Layers downloaded at once per pull.
     pub max_concurrent_downloads: usize,
+    /// Pulls of distinct images at once; more wait their turn (a waiting pull whose callers
+    /// all leave is dropped from the queue). Each running pull costs a registry client,
+    /// connections and unpack threads.
+    pub max_concurrent_pulls: usize,
 }
 
 impl Default for StoreConfig {
@@ -95,6 +99,7 @@ impl Default for StoreConfig {
             min_free_bytes: l.min_free_bytes,
             keep_layer_blobs: false,
             max_concurrent_downloads: 3,
+            max_concurrent_pulls: 16,
         }
     }
 }

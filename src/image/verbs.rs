@@ -50,13 +50,21 @@ impl Runtime {
         };
         let out = cell.result.get_or_init(|| {
             let started = std::time::Instant::now();
-            let pull = image::pull::pull(
-                &self.images,
-                image,
-                auth,
-                &self.cfg.registries,
-                std::time::Duration::from_secs(self.cfg.image_pull_progress_timeout),
-            );
+            let pull = async {
+                let _slot = self
+                    .pull_slots
+                    .acquire()
+                    .await
+                    .map_err(|e| Error::Host(crate::error::HostError::Other(e.to_string())))?;
+                image::pull::pull(
+                    &self.images,
+                    image,
+                    auth,
+                    &self.cfg.registries,
+                    std::time::Duration::from_secs(self.cfg.image_pull_progress_timeout),
+                )
+                .await
+            };
             let fut = async {
                 tokio::select! {
                     r = pull => r,

@@ -70,7 +70,7 @@ pub fn layer_tar() -> Vec<u8> {
     b.into_inner().unwrap()
 }
 
-fn config(layer: &[u8], cmd: &[&str]) -> Vec<u8> {
+pub fn config(layer: &[u8], cmd: &[&str]) -> Vec<u8> {
     config_of(&[layer], cmd)
 }
 
