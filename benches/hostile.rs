@@ -355,7 +355,7 @@ fn main() {
     // every 5 s, each with a 10 s client deadline; then the callers are gone.
     // Each image its own layer (distinct from the busybox the daemon holds), so no pull finds
     // its layer stored or shares another's download.
-    let images: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> = (0..150)
+    let images: Vec<common::fake_registry::OneLayer> = (0..150)
         .map(|i| {
             let body = format!("stalled image {i}\n").repeat(64);
             let layer = common::busybox::layer_of(&[common::busybox::Entry::File(
@@ -363,17 +363,14 @@ fn main() {
                 body.as_bytes(),
             )]);
             let config = common::busybox::config(&layer, &["sh"]);
-            let manifest = serde_json::to_vec(&serde_json::json!({
-                "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": common::busybox::sha(&config), "size": config.len()},
-                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": common::busybox::sha(&layer), "size": layer.len()}],
-            }))
-            .unwrap();
-            (manifest, config, layer)
+            common::fake_registry::OneLayer::new(
+                config,
+                layer,
+                "application/vnd.oci.image.layer.v1.tar",
+            )
         })
         .collect();
     let stall = common::fake_registry::FakeRegistry::start(move |path| {
-        use common::fake_registry::Answer;
         // /v2/stall/img<i>/...
         let i: usize = path
             .strip_prefix("/v2/stall/img")?
@@ -381,21 +378,9 @@ fn main() {
             .next()?
             .parse()
             .ok()?;
-        let (manifest, config, layer) = images.get(i)?;
-        if path.contains("/manifests/") {
-            Some(Answer::json(
-                manifest.clone(),
-                "application/vnd.oci.image.manifest.v1+json",
-            ))
-        } else if path.ends_with(&common::busybox::sha(config)) {
-            Some(Answer::json(config.clone(), "application/octet-stream"))
-        } else if path.ends_with(&common::busybox::sha(layer)) {
-            let mut a = Answer::json(layer.clone(), "application/octet-stream");
-            a.pace = Some((1, Duration::from_secs(5)));
-            Some(a)
-        } else {
-            None
-        }
+        images
+            .get(i)?
+            .answer(path, Some((1, Duration::from_secs(5))))
     });
     std::thread::sleep(Duration::from_secs(11));
     let threads_before = threads(d.pid());

@@ -8,7 +8,10 @@
 //! The start-up sweep ([`collect`] with no grace) and `sandboxctl doctor --fix` remove orphans
 //! through the same code, each kind in the seeds' teardown order: processes (runtime
 //! containers), then the network (CNI DEL while the cache names it), mounts, namespace files,
-//! dirs, and what interrupted pulls left.
+//! dirs and sockets, what interrupted pulls left, image content nothing references, and last
+//! the pod cgroups (empty by then).
+//! Ownership is decided per kind once, just before that kind's removals: ids are never
+//! reused, so an id registered after that cannot own an object already listed.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -39,6 +42,8 @@ pub enum Kind {
     Socket,
     /// An image store `tmp/` entry whose pull or import is gone (a half-unpacked layer).
     PartialPull,
+    /// A layer dir or blob in the image store that no image, container or pull references.
+    UnusedImageContent,
     /// A pod cgroup of ours under the configured `cgroup_parent` (last: its processes must be
     /// gone first).
     Cgroup,
@@ -46,7 +51,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in removal order.
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 11] = [
         Kind::RuntimeContainer,
         Kind::CniCache,
         Kind::Mount,
@@ -56,6 +61,7 @@ impl Kind {
         Kind::UsernsDir,
         Kind::Socket,
         Kind::PartialPull,
+        Kind::UnusedImageContent,
         Kind::Cgroup,
     ];
 
@@ -71,6 +77,7 @@ impl Kind {
             Kind::UsernsDir => "userns_dir",
             Kind::Socket => "socket",
             Kind::PartialPull => "partial_pull",
+            Kind::UnusedImageContent => "unused_image_content",
             Kind::Cgroup => "cgroup",
         }
     }
@@ -126,8 +133,8 @@ pub fn audit(rt: &Runtime) -> Report {
     }
 }
 
-/// Lists every orphan and removes those at least `grace` old, kind by kind in teardown order.
-/// Each is checked against the records again just before it goes.
+/// Lists every orphan and removes those at least `grace` old, kind by kind in teardown order,
+/// each kind's owners read again just before its removals.
 pub fn fix(rt: &Runtime, grace: Duration) -> Report {
     let start = Instant::now();
     let mut orphans = Vec::new();
@@ -217,8 +224,9 @@ impl Owners {
 
     fn owns(&self, o: &Orphan) -> bool {
         match o.kind {
-            // Tmp entries have no id: their writer's liveness was the test.
-            Kind::PartialPull => false,
+            // Tmp entries have no id: their writer's liveness was the test; the store decides
+            // what content is unused under its own lock.
+            Kind::PartialPull | Kind::UnusedImageContent => false,
             Kind::Namespace => {
                 self.namespace_files.contains(&o.path)
                     || o.path
@@ -335,6 +343,20 @@ fn find(rt: &Runtime, kind: Kind) -> Vec<Orphan> {
             .into_iter()
             .map(|p| orphan(kind, "", p))
             .collect(),
+        Kind::UnusedImageContent => rt
+            .images
+            .unused(&rt.layers_in_use())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| {
+                let digest = p
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or("")
+                    .to_string();
+                orphan(kind, &format!("sha256:{digest}"), p)
+            })
+            .collect(),
         Kind::Cgroup => pod_cgroups(rt),
     };
     let owners = Owners::read(rt);
@@ -430,6 +452,17 @@ fn remove(rt: &Runtime, o: &Orphan) -> std::result::Result<(), String> {
                     .own_pod_cgroup(&rt.cfg.cgroup_parent, &o.owner),
             )
             .map_err(|e| e.to_string()),
+        // Under the store's lock, with what is in use read again: what became used since
+        // stays.
+        Kind::UnusedImageContent => {
+            rt.images
+                .collect(&rt.layers_in_use())
+                .map_err(|e| e.to_string())?;
+            match o.path.exists() {
+                false => Ok(()),
+                true => Err("in use again".into()),
+            }
+        }
         Kind::PartialPull => std::fs::remove_dir_all(&o.path)
             .or_else(|_| std::fs::remove_file(&o.path))
             .map_err(|e| format!("remove {}: {e}", o.path.display())),

@@ -5,7 +5,7 @@
 //! that the audited one has no record of — its runtime containers, CNI attachment and IPAM
 //! reservation, shm and rootfs mounts, namespace files, dirs, sockets and pod cgroup. What a
 //! crash leaves that a pod cannot make (a user-namespace mount dir, a half-unpacked layer of a
-//! killed pull) is planted by hand.
+//! killed pull, a layer no image names) is planted by hand.
 
 mod common;
 
@@ -83,6 +83,9 @@ fn the_audit_finds_every_kind_of_orphan_and_fix_removes_exactly_those() {
     let partial = env.cfg.root.join("images/tmp/layer-999999999-x");
     std::fs::create_dir_all(partial.join("usr/bin")).unwrap();
     std::fs::write(partial.join("usr/bin/half"), vec![0u8; 4096]).unwrap();
+    // A layer no image names (a crash between an image's removal and its collection).
+    let unused_layer = env.cfg.root.join("images/layers").join("a".repeat(64));
+    std::fs::create_dir_all(unused_layer.join("etc")).unwrap();
 
     let found = live.audit();
     let kinds: BTreeSet<&str> = found.orphans.iter().map(|o| o.kind.as_str()).collect();
@@ -92,6 +95,7 @@ fn the_audit_finds_every_kind_of_orphan_and_fix_removes_exactly_those() {
         let ok = match o.kind {
             Kind::UsernsDir => o.path == userns_dir,
             Kind::PartialPull => o.path == partial,
+            Kind::UnusedImageContent => o.path == unused_layer,
             // Namespace files and sockets carry the id's first 16 characters.
             Kind::Namespace | Kind::Socket => {
                 lost.starts_with(&o.owner) || lost_ctr.starts_with(&o.owner)
@@ -102,7 +106,7 @@ fn the_audit_finds_every_kind_of_orphan_and_fix_removes_exactly_those() {
             ok,
             "not an orphan: {o:?} (lost pod {lost}, container {lost_ctr})"
         );
-        assert!(!o.owner.is_empty() || o.kind == Kind::PartialPull);
+        assert!(!o.owner.is_empty() || o.kind == Kind::PartialPull, "{o:?}");
     }
     assert_eq!(orphan_gauge(&live, "cni_cache"), Some(1.0));
     assert_eq!(orphan_gauge(&live, "runtime_container"), Some(2.0));
@@ -138,7 +142,9 @@ fn the_audit_finds_every_kind_of_orphan_and_fix_removes_exactly_those() {
         !runc.contains(&lost) && !runc.contains(&lost_ctr),
         "runc still has {runc:?}"
     );
-    assert!(!userns_dir.exists() && !partial.exists());
+    assert!(!userns_dir.exists() && !partial.exists() && !unused_layer.exists());
+    // The image the containers run stays.
+    assert_eq!(live.images().list().len(), 1);
     assert!(cgroups_under(&env.cfg.cgroup_parent)
         .iter()
         .all(|c| !c.to_string_lossy().contains(&lost)));

@@ -306,36 +306,15 @@ fn exec_sync_is_capped_per_container_and_stops_when_its_caller_goes() {
 #[test]
 fn a_pull_stops_when_every_caller_has_gone() {
     use common::daemon::{rt, Daemon};
-    use common::fake_registry::{Answer, FakeRegistry};
+    use common::fake_registry::{FakeRegistry, OneLayer};
     use sandboxd::api::v1 as cri;
     use sandboxd::api::v1::image_service_client::ImageServiceClient;
     let env = Env::new("hostile-pullgone");
     let d = Daemon::start(&env);
     let (layer, config) = busybox::gzip_layer_and_config();
-    let manifest = serde_json::to_vec(&serde_json::json!({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": busybox::sha(&config), "size": config.len()},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": busybox::sha(&layer), "size": layer.len()}],
-    }))
-    .unwrap();
-    let (cfg_digest, layer_digest) = (busybox::sha(&config), busybox::sha(&layer));
+    let img = OneLayer::new(config, layer, "application/vnd.oci.image.layer.v1.tar+gzip");
     // A byte every 5 s: never stalled long enough for the progress timeout (300 s).
-    let fake = FakeRegistry::start(move |path| {
-        if path.ends_with("/manifests/1") {
-            Some(Answer::json(
-                manifest.clone(),
-                "application/vnd.oci.image.manifest.v1+json",
-            ))
-        } else if path.ends_with(&format!("/blobs/{cfg_digest}")) {
-            Some(Answer::json(config.clone(), "application/octet-stream"))
-        } else if path.ends_with(&format!("/blobs/{layer_digest}")) {
-            let mut a = Answer::json(layer.clone(), "application/octet-stream");
-            a.pace = Some((1, Duration::from_secs(5)));
-            Some(a)
-        } else {
-            None
-        }
-    });
+    let fake = FakeRegistry::start(move |path| img.answer(path, Some((1, Duration::from_secs(5)))));
     let image = format!("{}/x/drip:1", fake.addr);
     let tokio = rt();
     let socket = d.socket.to_string_lossy().into_owned();

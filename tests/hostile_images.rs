@@ -258,40 +258,24 @@ fn pulls_are_bounded() {
 /// no temp file). A slow pull that keeps moving finishes, though it takes longer than that.
 #[test]
 fn a_stalled_pull_is_cancelled_a_slow_one_is_not() {
-    use common::fake_registry::{Answer, FakeRegistry};
+    use common::fake_registry::{FakeRegistry, OneLayer};
     let env = Env::new("hostile-stall");
     let mut cfg = env.cfg.clone();
     cfg.image_pull_progress_timeout = 2;
     let rt = sandboxd::Runtime::new(cfg).unwrap();
     let (layer, config) = busybox::gzip_layer_and_config();
-    let manifest = serde_json::to_vec(&serde_json::json!({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": busybox::sha(&config), "size": config.len()},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": busybox::sha(&layer), "size": layer.len()}],
-    }))
-    .unwrap();
-    let (cfg_digest, layer_digest) = (busybox::sha(&config), busybox::sha(&layer));
     let chunk = layer.len() / 8 + 1;
+    let img = OneLayer::new(config, layer, "application/vnd.oci.image.layer.v1.tar+gzip");
     let fake = FakeRegistry::start(move |path| {
-        if path.ends_with("/manifests/1") {
-            Some(Answer::json(
-                manifest.clone(),
-                "application/vnd.oci.image.manifest.v1+json",
-            ))
-        } else if path.ends_with(&format!("/blobs/{cfg_digest}")) {
-            Some(Answer::json(config.clone(), "application/octet-stream"))
-        } else if path.ends_with(&format!("/blobs/{layer_digest}")) {
-            let mut a = Answer::json(layer.clone(), "application/octet-stream");
-            a.pace = Some(if path.starts_with("/v2/x/stall/") {
+        img.answer(
+            path,
+            Some(if path.starts_with("/v2/x/stall/") {
                 (1, Duration::from_secs(5))
             } else {
                 // Eight steps 400 ms apart: 3.2 s in all, never 2 s without a byte.
                 (chunk, Duration::from_millis(400))
-            });
-            Some(a)
-        } else {
-            None
-        }
+            }),
+        )
     });
     let t = std::time::Instant::now();
     let e = rt

@@ -463,10 +463,14 @@ impl ImageStore {
         Ok(true)
     }
 
-    /// Deletes the layers and blobs that no image, no container (`in_use`) and no work in
-    /// flight references.
-    pub fn collect(&self, in_use: &HashSet<String>) -> Result<(u64, u64)> {
+    /// The layer dirs and blobs that no image, no container (`in_use`) and no work in flight
+    /// references: what [`ImageStore::collect`] would delete (the self-audit lists them).
+    pub fn unused(&self, in_use: &HashSet<String>) -> Result<Vec<PathBuf>> {
         let _lock = self.lock_index()?;
+        Ok(self.unused_locked(in_use))
+    }
+
+    fn unused_locked(&self, in_use: &HashSet<String>) -> Vec<PathBuf> {
         let index = self.index();
         let pins = crate::lock(&self.pins).clone();
         let keep_layers: HashSet<&str> = index
@@ -485,24 +489,38 @@ impl ImageStore {
             .chain(pins.keys().map(String::as_str))
             .filter_map(|d| d.strip_prefix("sha256:"))
             .collect();
+        let layers = self.dir.join("layers");
+        let blobs = self.dir.join("blobs/sha256");
+        let mut out: Vec<PathBuf> = crate::state::list_dir(&layers)
+            .into_iter()
+            .filter(|n| !keep_layers.contains(n.as_str()))
+            .map(|n| layers.join(n))
+            .collect();
+        out.extend(
+            crate::state::list_dir(&blobs)
+                .into_iter()
+                .filter(|n| !keep_blobs.contains(n.as_str()))
+                .map(|n| blobs.join(n)),
+        );
+        out
+    }
+
+    /// Deletes the layers and blobs that no image, no container (`in_use`) and no work in
+    /// flight references.
+    pub fn collect(&self, in_use: &HashSet<String>) -> Result<(u64, u64)> {
+        let _lock = self.lock_index()?;
         let (mut layers, mut blobs) = (0, 0);
-        for name in crate::state::list_dir(&self.dir.join("layers")) {
-            if !keep_layers.contains(name.as_str()) {
-                let d = self.dir.join("layers").join(&name);
-                match std::fs::remove_dir_all(&d) {
+        let layer_dir = self.dir.join("layers");
+        for p in self.unused_locked(in_use) {
+            if p.parent() == Some(layer_dir.as_path()) {
+                match std::fs::remove_dir_all(&p) {
                     Ok(()) => layers += 1,
                     Err(e) => {
-                        tracing::warn!(layer = %name, error = %e, "cannot remove unused layer")
+                        tracing::warn!(layer = %p.display(), error = %e, "cannot remove unused layer")
                     }
                 }
-            }
-        }
-        for name in crate::state::list_dir(&self.dir.join("blobs/sha256")) {
-            if !keep_blobs.contains(name.as_str()) {
-                let p = self.dir.join("blobs/sha256").join(&name);
-                if std::fs::remove_file(&p).is_ok() {
-                    blobs += 1;
-                }
+            } else if std::fs::remove_file(&p).is_ok() {
+                blobs += 1;
             }
         }
         if layers + blobs > 0 {

@@ -94,3 +94,55 @@ impl FakeRegistry {
         FakeRegistry { addr }
     }
 }
+
+/// An image of one layer as a registry serves it: its manifest, config and layer.
+pub struct OneLayer {
+    manifest: Vec<u8>,
+    config: Vec<u8>,
+    layer: Vec<u8>,
+    config_digest: String,
+    layer_digest: String,
+}
+
+impl OneLayer {
+    /// `layer_type`: the layer's media type (`application/vnd.oci.image.layer.v1.tar+gzip`…).
+    pub fn new(config: Vec<u8>, layer: Vec<u8>, layer_type: &str) -> OneLayer {
+        let (config_digest, layer_digest) =
+            (super::busybox::sha(&config), super::busybox::sha(&layer));
+        let manifest = serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config.len()},
+            "layers": [{"mediaType": layer_type, "digest": layer_digest, "size": layer.len()}],
+        }))
+        .unwrap();
+        OneLayer {
+            manifest,
+            config,
+            layer,
+            config_digest,
+            layer_digest,
+        }
+    }
+
+    /// The answer to `path` (`…/manifests/<tag>`, `…/blobs/<digest>`; None: 404), the layer
+    /// sent as `pace` says.
+    pub fn answer(&self, path: &str, pace: Option<(usize, std::time::Duration)>) -> Option<Answer> {
+        if path.contains("/manifests/") {
+            Some(Answer::json(
+                self.manifest.clone(),
+                "application/vnd.oci.image.manifest.v1+json",
+            ))
+        } else if path.ends_with(&format!("/blobs/{}", self.config_digest)) {
+            Some(Answer::json(
+                self.config.clone(),
+                "application/octet-stream",
+            ))
+        } else if path.ends_with(&format!("/blobs/{}", self.layer_digest)) {
+            let mut a = Answer::json(self.layer.clone(), "application/octet-stream");
+            a.pace = pace;
+            Some(a)
+        } else {
+            None
+        }
+    }
+}
