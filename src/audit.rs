@@ -152,8 +152,25 @@ pub fn fix(rt: &Runtime, grace: Duration) -> Report {
 pub(crate) fn collect(rt: &Runtime, kind: Kind, grace: Duration) -> Vec<Orphan> {
     let mut found = find(rt, kind);
     let owners = Owners::read(rt);
+    let due = |o: &Orphan| o.age.unwrap_or(Duration::MAX) >= grace && !owners.owns(o);
+    // Unused image content goes in one collection under the store's lock, which reads what
+    // is in use again: what became used since stays.
+    if kind == Kind::UnusedImageContent && found.iter().any(due) {
+        let collected = rt
+            .images
+            .collect(&rt.layers_in_use())
+            .map_err(|e| e.to_string());
+        for o in found.iter_mut().filter(|o| due(o)) {
+            o.fixed = Some(match (&collected, o.path.exists()) {
+                (Err(e), _) => Err(e.clone()),
+                (Ok(_), false) => Ok(()),
+                (Ok(_), true) => Err("in use again".into()),
+            });
+        }
+        return found;
+    }
     for o in &mut found {
-        if o.age.unwrap_or(Duration::MAX) < grace || owners.owns(o) {
+        if !due(o) {
             continue;
         }
         let r = remove(rt, o);
@@ -452,17 +469,8 @@ fn remove(rt: &Runtime, o: &Orphan) -> std::result::Result<(), String> {
                     .own_pod_cgroup(&rt.cfg.cgroup_parent, &o.owner),
             )
             .map_err(|e| e.to_string()),
-        // Under the store's lock, with what is in use read again: what became used since
-        // stays.
-        Kind::UnusedImageContent => {
-            rt.images
-                .collect(&rt.layers_in_use())
-                .map_err(|e| e.to_string())?;
-            match o.path.exists() {
-                false => Ok(()),
-                true => Err("in use again".into()),
-            }
-        }
+        // Collected as a whole (see `collect`).
+        Kind::UnusedImageContent => Err("collected by the image store".into()),
         Kind::PartialPull => std::fs::remove_dir_all(&o.path)
             .or_else(|_| std::fs::remove_file(&o.path))
             .map_err(|e| format!("remove {}: {e}", o.path.display())),

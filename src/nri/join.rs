@@ -137,23 +137,22 @@ fn sync_chunks(
     use sandboxd_nri_api::prost::Message;
     let mut out = vec![(Vec::new(), Vec::new())];
     let mut size = 0;
-    for p in pods {
-        let n = p.encoded_len() + 8;
+    // The part an item of `n` encoded bytes goes into (a new one when the last is full).
+    let mut part = |out: &mut Vec<(Vec<_>, Vec<_>)>, n: usize| {
         if size + n > SYNC_CHUNK_BYTES && size > 0 {
             out.push((Vec::new(), Vec::new()));
             size = 0;
         }
         size += n;
-        out.last_mut().expect("one part").0.push(p);
+        out.len() - 1
+    };
+    for p in pods {
+        let i = part(&mut out, p.encoded_len() + 8);
+        out[i].0.push(p);
     }
     for c in containers {
-        let n = c.encoded_len() + 8;
-        if size + n > SYNC_CHUNK_BYTES && size > 0 {
-            out.push((Vec::new(), Vec::new()));
-            size = 0;
-        }
-        size += n;
-        out.last_mut().expect("one part").1.push(c);
+        let i = part(&mut out, c.encoded_len() + 8);
+        out[i].1.push(c);
     }
     out
 }

@@ -29,14 +29,17 @@ pub(crate) fn restore(rt: &Runtime) -> Result<()> {
     rt.cni.remove_partial_writes();
     // What no record references now is an orphan of the last run (a crash between a host
     // step and the record naming it): collected at once by the audit's own finders, in
-    // teardown order. `sandboxctl doctor` lists what appears later.
-    let swept = crate::audit::fix(rt, std::time::Duration::ZERO);
-    if !swept.orphans.is_empty() {
-        tracing::info!(
-            orphans = swept.orphans.len(),
-            took_ms = swept.took.as_millis() as u64,
-            "collected what the last run left"
-        );
+    // teardown order. The image store's kinds are left to its own start-up work (`tmp/` when
+    // it opens, unused content once containers are reconciled). `sandboxctl doctor` lists
+    // what appears later.
+    use crate::audit::{collect, Kind};
+    let swept: usize = Kind::ALL
+        .into_iter()
+        .filter(|k| !matches!(k, Kind::PartialPull | Kind::UnusedImageContent))
+        .map(|k| collect(rt, k, std::time::Duration::ZERO).len())
+        .sum();
+    if swept > 0 {
+        tracing::info!(orphans = swept, "collected what the last run left");
     }
     Ok(())
 }
