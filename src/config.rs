@@ -35,13 +35,18 @@ pub enum CgroupDriver {
 /// One OCI runtime handler (CRI `runtime_handler`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct RuntimeHandler {
-    /// The runtime binary (runc, crun, a Kata-style shim-less runtime…).
+    /// The runtime binary (runc, crun, a Kata-style shim-less runtime…); a bare name is looked
+    /// up in PATH when the runtime starts.
     pub path: PathBuf,
+    /// The runtime family (`handlers::FAMILIES`: runc, crun, runsc, vm); default: the family
+    /// claiming the binary's name, else runc-like.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub family: Option<String>,
     /// The runtime's state dir (`--root`); default `<state root>/runtime/<handler name>`.
     #[serde(default)]
     pub root: Option<PathBuf>,
-    /// VM-based runtimes need a sandbox process in every pod.
-    #[serde(default)]
+    /// The older way to say `family = "vm"` (a sandbox process in every pod).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub needs_sandbox_process: bool,
     /// Flags given before every subcommand (e.g. runsc's `--platform=ptrace`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -104,7 +109,8 @@ pub struct Config {
     /// The handler of pods whose `runtime_handler` is empty; must be a key of `runtimes`.
     pub default_runtime: String,
     /// Runtime handlers by name (CRI `runtime_handler`, a RuntimeClass's `handler`); by
-    /// default runc, plus crun and runsc when found in PATH.
+    /// default runc, crun and runsc. `Status` offers those whose binary exists and whose trial
+    /// container the start-up probe could create (`probe`).
     pub runtimes: BTreeMap<String, RuntimeHandler>,
     /// Limit for one OCI runtime call (create, start, kill, delete…), which is killed past
     /// it; seconds in the config file.
@@ -258,35 +264,25 @@ mod secs {
 }
 
 impl Default for Config {
+    /// Data only: nothing is looked up or run here (binaries are found, and the host probed,
+    /// when the runtime starts).
     fn default() -> Self {
-        let mut runtimes = BTreeMap::new();
-        runtimes.insert(
-            "runc".to_string(),
-            RuntimeHandler {
-                path: find_in_path("runc").unwrap_or_else(|| PathBuf::from("/usr/sbin/runc")),
-                ..Default::default()
-            },
-        );
-        if let Some(crun) = find_in_path("crun") {
-            runtimes.insert(
-                "crun".to_string(),
-                RuntimeHandler {
-                    path: crun,
-                    ..Default::default()
-                },
-            );
-        }
-        if let Some(runsc) = find_in_path("runsc") {
-            runtimes.insert(
+        let handler = |name: &str| RuntimeHandler {
+            path: PathBuf::from(name),
+            ..Default::default()
+        };
+        let runtimes = BTreeMap::from([
+            ("runc".to_string(), handler("runc")),
+            ("crun".to_string(), handler("crun")),
+            (
                 "runsc".to_string(),
                 RuntimeHandler {
-                    runtime_args: crate::oci::runsc::default_args(&runsc),
-                    path: runsc,
-                    root: None,
-                    needs_sandbox_process: true,
+                    // ptrace: KVM needs nested virtualisation, which many hosts lack.
+                    runtime_args: vec!["--platform=ptrace".into()],
+                    ..handler("runsc")
                 },
-            );
-        }
+            ),
+        ]);
         Config {
             root: PathBuf::from("/var/lib/sandboxd"),
             netns_dir: PathBuf::from("/var/run/netns"),

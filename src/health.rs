@@ -24,8 +24,10 @@ pub struct HandlerStatus {
 pub struct RuntimeHealth {
     /// The CNI network new pods would join, or why none is usable.
     pub network: Result<crate::cni::NetworkList, String>,
-    /// The handlers whose binary exists.
+    /// The handlers offered: binary found, and no failed trial (`probe`).
     pub handlers: Vec<HandlerStatus>,
+    /// The handlers not offered, each with why (the runtime's own message).
+    pub not_offered: Vec<(String, String)>,
     /// One line per record quarantined at start-up.
     pub quarantined: Vec<String>,
 }
@@ -38,18 +40,21 @@ impl Runtime {
             Ok(l)
         });
         let rro = crate::mounts::recursive_read_only_supported();
-        let mut handlers: Vec<HandlerStatus> = self
-            .cfg
-            .runtimes
-            .iter()
-            // A handler whose binary is missing cannot run anything: not offered.
-            .filter(|(_, h)| h.path.is_file())
-            .map(|(name, _)| HandlerStatus {
-                name: name.clone(),
-                recursive_read_only_mounts: rro,
-                user_namespaces: self.user_namespaces(name).is_ok(),
-            })
-            .collect();
+        self.probe_handlers();
+        let mut handlers = Vec::new();
+        let mut not_offered = Vec::new();
+        for name in self.cfg.runtimes.keys() {
+            // A handler whose binary is missing, or whose trial container failed, cannot run
+            // pods: not offered (kubelet's RuntimeClass would send pods to it).
+            match self.handler_unusable(name) {
+                Some(why) => not_offered.push((name.clone(), why)),
+                None => handlers.push(HandlerStatus {
+                    name: name.clone(),
+                    recursive_read_only_mounts: rro,
+                    user_namespaces: self.user_namespaces(name).is_ok(),
+                }),
+            }
+        }
         // The default handler once more under the empty name, as api.proto says (kubelet
         // looks up pods without a RuntimeClass under it).
         if let Some(d) = handlers.iter().find(|h| h.name == self.cfg.default_runtime) {
@@ -61,24 +66,37 @@ impl Runtime {
         RuntimeHealth {
             network,
             handlers,
+            not_offered,
             quarantined: self.quarantined(),
+        }
+    }
+
+    /// Why pods of `handler` cannot run here, if the host probe knows: its binary is missing
+    /// or its trial container failed. `None` while it is being tried.
+    pub(crate) fn handler_unusable(&self, handler: &str) -> Option<String> {
+        let rt = self.handler(handler).ok()?;
+        if !rt.path.is_file() {
+            return Some(format!("binary {} not found", rt.path.display()));
+        }
+        match self.handler_readiness(handler) {
+            crate::probe::Readiness::NotReady(why) => Some(why),
+            _ => None,
         }
     }
 
     /// Whether pods of `handler` can have their own user namespace here, or why not. The
     /// node's support is probed once.
     pub fn user_namespaces(&self, handler: &str) -> Result<(), String> {
-        let h = self
-            .cfg
-            .runtimes
-            .get(handler)
-            .ok_or_else(|| format!("no runtime handler {handler:?}"))?;
-        if h.needs_sandbox_process {
+        if !self.cfg.runtimes.contains_key(handler) {
+            return Err(format!("no runtime handler {handler:?}"));
+        }
+        if !self.handler(handler).is_ok_and(|r| r.family.node_kernel()) {
             return Err(format!(
                 "runtime handler {handler:?} runs pods in a sandbox of its own, which brings its own user namespace handling"
             ));
         }
-        self.userns_support
+        self.probe
+            .userns
             .get_or_init(|| {
                 let r = crate::userns::probe(&self.cfg.root.join("userns-probe"));
                 match &r {

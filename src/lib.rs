@@ -36,6 +36,8 @@ pub mod container;
 pub mod counters;
 #[doc(hidden)]
 pub mod failpoint;
+#[doc(hidden)]
+pub mod handlers;
 mod host;
 #[doc(hidden)]
 pub mod lsm;
@@ -49,6 +51,8 @@ pub mod netdev;
 pub mod netns;
 #[doc(hidden)]
 pub mod oci;
+#[doc(hidden)]
+pub mod probe;
 #[doc(hidden)]
 pub mod process;
 #[doc(hidden)]
@@ -120,8 +124,8 @@ pub struct Runtime {
     pub(crate) metrics: Arc<metrics::prom::DaemonMetrics>,
     /// Containers' writable-layer use, measured at most every few seconds.
     pub(crate) fs_usage: metrics::FsUsageCache,
-    /// Whether pods can have user namespaces here (`userns::probe`, tried at first need).
-    pub(crate) userns_support: std::sync::OnceLock<std::result::Result<(), String>>,
+    /// What the host probe found (`probe`): the handlers' trials, user namespaces.
+    pub(crate) probe: probe::Probe,
     /// The host operations the pod lifecycle orders (`host/`): the real host, or a
     /// recording fake in the unit tests.
     pub(crate) host: Arc<dyn Host>,
@@ -229,18 +233,27 @@ impl Runtime {
             None
         };
         let mut runtimes = HashMap::new();
+        // Each handler's family and the flags it needs on this host (probed in parallel: a
+        // runtime that hangs on `--version` costs its own time limit once, not one each).
+        let resolved = probe::resolve_handlers(&cfg.runtimes)?;
         for (name, h) in &cfg.runtimes {
             validate::name("runtime handler", name)?;
+            let probe::Resolved {
+                family,
+                path,
+                host_args,
+            } = resolved[name].clone();
             runtimes.insert(
                 name.clone(),
                 OciRuntime {
                     name: name.clone(),
-                    // Absolute: a call that enters the runtime's mount namespace starts in `/`.
-                    path: absolute_if_relative(&h.path),
+                    family,
+                    path,
                     // With systemd, the runtime makes each container's scope itself.
                     args: (cgroup_driver == cgroups::Driver::Systemd)
                         .then(|| "--systemd-cgroup".to_string())
                         .into_iter()
+                        .chain(host_args)
                         .chain(h.runtime_args.iter().cloned())
                         .collect(),
                     root: h
@@ -252,7 +265,7 @@ impl Runtime {
                         .map(absolute_if_relative)
                         .unwrap_or_else(|| PathBuf::from("sandboxd-monitor")),
                     timeout: cfg.runtime_timeout,
-                    mount_ns: mount_ns.clone().filter(|_| !h.needs_sandbox_process),
+                    mount_ns: mount_ns.clone().filter(|_| family.node_kernel()),
                 },
             );
         }
@@ -313,7 +326,7 @@ impl Runtime {
                 events::Hub::new(events_backlog, events_max).with_max_bytes(events_bytes),
             ),
             metrics: Arc::new(metrics::prom::DaemonMetrics::new()),
-            userns_support: std::sync::OnceLock::new(),
+            probe: probe::Probe::default(),
             fs_usage: metrics::FsUsageCache::new(stats_period),
             exit_watch: events::watch::ExitWatcher::new(),
             host,
@@ -700,7 +713,7 @@ fn ns_file_prefix(root: &Path) -> String {
 }
 
 /// 8 hex chars of FNV-1a: a stable tag, not a security boundary.
-fn short_hash(s: &str) -> String {
+pub(crate) fn short_hash(s: &str) -> String {
     let mut h: u32 = 0x811c_9dc5;
     for b in s.bytes() {
         h ^= u32::from(b);

@@ -200,6 +200,9 @@ pub async fn serve(
     // Exits are learned as they happen (GetContainerEvents); event streams end at shutdown,
     // which would otherwise wait for them forever.
     rt.watch_exits()?;
+    // Each handler's trial container, in the background: done before kubelet's first
+    // Status in practice, never waited for by a request.
+    rt.probe_handlers();
     // NRI plugins: a socket another runtime serves, or a bad plugin dir, costs the plugins,
     // not the node's CRI.
     if let Err(e) = rt.start_nri() {
@@ -228,7 +231,7 @@ pub async fn serve(
         ));
     }
     let layer = crate::metrics::prom::RpcMetricsLayer(rt.metrics.clone());
-    let svc = crate::cri::CriService::new(rt).with_streaming(streaming);
+    let svc = crate::cri::CriService::new(rt.clone()).with_streaming(streaming);
     let result = tonic::transport::Server::builder()
         .layer(layer)
         .add_service(
@@ -250,6 +253,9 @@ pub async fn serve(
         )
         .await;
     audit.abort();
+    // A trial container half-made when the process exits would outlive it.
+    let _ = tokio::task::spawn_blocking(move || rt.stop_probe(std::time::Duration::from_secs(10)))
+        .await;
     let _ = std::fs::remove_file(&socket);
     result.map_err(|e| Error::Config(format!("gRPC server: {e}")))
 }

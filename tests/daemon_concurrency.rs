@@ -144,6 +144,7 @@ fn a_hung_runtime_does_not_delay_other_rpcs() {
         sandboxd::RuntimeHandler {
             path: wrapper,
             root: None,
+            family: None,
             needs_sandbox_process: false,
             runtime_args: Vec::new(),
         },

@@ -247,3 +247,57 @@ fn storm_with_kills_loses_nothing() {
     assert_eq!(r.left, 0, "{r:?}");
     env.assert_no_leaks();
 }
+
+/// A daemon killed while its start-up probe holds a half-made trial container (created, not
+/// yet deleted) leaves it behind; the next start deletes it before its own trial, and then
+/// nothing is left: no container in the trial's runtime root, no cgroup, no probe dir.
+#[test]
+fn a_trial_cut_by_kill9_is_cleaned_at_the_next_start() {
+    let mut env = Env::new("k9probe");
+    // runc, holding on for 3 s after each `create`: the trial stays half-made that long.
+    let wrapper = env.base.join("bin/slow-runc");
+    std::fs::create_dir_all(wrapper.parent().unwrap()).unwrap();
+    std::fs::write(
+        &wrapper,
+        "#!/bin/sh\n/usr/sbin/runc \"$@\"; rc=$?\nfor a in \"$@\"; do [ \"$a\" = create ] && sleep 3; done\nexit $rc\n",
+    )
+    .unwrap();
+    sh(&format!("chmod 755 {}", wrapper.display()));
+    env.cfg.runtimes.insert(
+        "slow".into(),
+        sandboxd::RuntimeHandler {
+            path: wrapper,
+            family: Some("runc".into()),
+            ..Default::default()
+        },
+    );
+    let state = env.cfg.root.join("probe/slow/state");
+    let mut d = Daemon::start(&env);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let listed = || {
+        sh(&format!(
+            "runc --root {} list 2>/dev/null || true",
+            state.display()
+        ))
+    };
+    while !listed().contains("created") {
+        assert!(Instant::now() < deadline, "no half-made trial container");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    d.kill9();
+    assert!(!cgroups_under(&env.cfg.cgroup_parent).is_empty());
+    // The next start: its probe deletes the leftover, tries again, and cleans up.
+    let d = Daemon::start(&env);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while env.cfg.root.join("probe").exists() {
+        assert!(Instant::now() < deadline, "the second probe never ended");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!state.exists());
+    assert_eq!(
+        cgroups_under(&env.cfg.cgroup_parent),
+        Vec::<std::path::PathBuf>::new()
+    );
+    drop(d);
+    env.assert_no_leaks();
+}

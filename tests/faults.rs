@@ -154,6 +154,7 @@ exec /usr/sbin/runc "$@"
         RuntimeHandler {
             path: wrapper,
             root: None,
+            family: None,
             needs_sandbox_process: true,
             runtime_args: Vec::new(),
         },
@@ -183,6 +184,7 @@ fn bad_input_is_refused_without_side_effects() {
         RuntimeHandler {
             path: "/nonexistent/runc".into(),
             root: None,
+            family: None,
             needs_sandbox_process: false,
             runtime_args: Vec::new(),
         },

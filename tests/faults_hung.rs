@@ -100,6 +100,7 @@ fn a_hung_runtime_leaves_nothing_running() {
         RuntimeHandler {
             path: wrapper.clone(),
             root: None,
+            family: None,
             needs_sandbox_process: false,
             runtime_args: Vec::new(),
         },

@@ -87,6 +87,7 @@ fn a_vm_per_pod_answers_http_at_the_pod_ip_and_goes_with_the_pod() {
         RuntimeHandler {
             path: Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vmm/sandboxd-test-vmm"),
             root: None,
+            family: None,
             needs_sandbox_process: true,
             runtime_args: vec![
                 format!("--kernel={}", g.kernel),

@@ -4,8 +4,10 @@
 mod common;
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use common::*;
+use sandboxd::probe::Readiness;
 use sandboxd::{InfraMode, NamespaceMode, SandboxFilter, SandboxState};
 
 fn runc_status(env: &Env, id: &str) -> Option<String> {
@@ -282,19 +284,34 @@ fn netns_vanishes_underneath() {
     env.assert_no_leaks();
 }
 
-/// Test 8 (crun): one full cycle with crun as the handler, where the host lets crun run.
+/// Test 8 (crun): the start-up probe's trial container decides whether crun is offered. Where
+/// crun works, one full cycle with it; where the host refuses it (Debian's crun 1.8 on a
+/// cgroup v1 hybrid host), it is left out of Status with crun's own reason and its pods are
+/// refused at once with that reason, while runc is offered.
 #[test]
 fn crun_handler_cycle() {
     let env = Env::new("crun");
-    if !env.cfg.runtimes.contains_key("crun") {
+    if sandboxd::config::find_in_path("crun").is_none() {
         eprintln!("SKIP crun_handler_cycle: crun is not installed");
         return;
     }
     let rt = env.runtime();
+    let probed = rt.wait_probed(Duration::from_secs(60));
+    assert_eq!(probed["runc"], Readiness::Ready, "{probed:?}");
+    let health = rt.health();
+    let offered: Vec<_> = health.handlers.iter().map(|h| h.name.as_str()).collect();
+    assert!(
+        offered.contains(&"runc") && offered.contains(&""),
+        "{offered:?}"
+    );
+    // The trial left nothing: no container, no dir, no cgroup.
+    assert!(!env.cfg.root.join("probe").exists());
     let mut pod = env.pod("crunpod", true);
     pod.runtime_handler = "crun".into();
-    match rt.run_pod_sandbox(&pod) {
-        Ok(id) => {
+    match &probed["crun"] {
+        Readiness::Ready => {
+            assert!(offered.contains(&"crun"), "{offered:?}");
+            let id = rt.run_pod_sandbox(&pod).unwrap();
             let pid = rt.pod_sandbox_status(&id).unwrap().infra_pid.unwrap();
             assert!(Path::new(&format!("/proc/{pid}")).exists());
             let (ok, out) = sh_ok(&format!(
@@ -305,15 +322,36 @@ fn crun_handler_cycle() {
             rt.stop_pod_sandbox(&id).unwrap();
             rt.remove_pod_sandbox(&id).unwrap();
         }
-        Err(e) => {
-            let msg = e.to_string();
-            // Debian's crun 1.8.1 refuses cgroup v1 hybrid hosts; that is the host, not us.
+        Readiness::NotReady(why) => {
+            // Detected, not assumed: this host is cgroup v1 hybrid, which crun refuses.
             assert!(
-                msg.contains("hybrid"),
-                "crun failed for another reason: {msg}"
+                sandboxd::cgroups::hierarchies()
+                    .iter()
+                    .any(|h| h.controllers.is_some()),
+                "crun refused a cgroup v2 host: {why}"
             );
-            eprintln!("SKIP crun_handler_cycle: crun refuses this host: {msg}");
+            assert!(why.contains("crun"), "{why}");
+            assert!(!offered.contains(&"crun"), "{offered:?}");
+            assert!(
+                health
+                    .not_offered
+                    .contains(&("crun".to_string(), why.clone())),
+                "{:?}",
+                health.not_offered
+            );
+            let t = Instant::now();
+            let e = rt.run_pod_sandbox(&pod).unwrap_err();
+            assert!(matches!(e, sandboxd::Error::FailedPrecondition(_)), "{e}");
+            assert!(e.to_string().contains(why.as_str()), "{e}");
+            assert!(
+                t.elapsed() < Duration::from_millis(500),
+                "{:?}",
+                t.elapsed()
+            );
+            assert!(rt.list_pod_sandboxes(&Default::default()).is_empty());
+            eprintln!("crun not offered here: {why}");
         }
+        other => panic!("crun was not tried: {other:?}"),
     }
     env.assert_no_leaks();
 }

@@ -24,6 +24,7 @@ fn bundle(env: &Env, name: &str, args: &[&str]) -> std::path::PathBuf {
         rootfs,
         hostname: "m".into(),
         netns: None,
+        private_netns: false,
         userns: None,
         host_ipc: true,
         host_pid: false,
@@ -47,6 +48,7 @@ fn bundle(env: &Env, name: &str, args: &[&str]) -> std::path::PathBuf {
 fn runtime(env: &Env) -> OciRuntime {
     OciRuntime {
         name: "runc".into(),
+        family: sandboxd::handlers::FAMILIES[0],
         path: "/usr/sbin/runc".into(),
         args: Vec::new(),
         root: env.runtime_root("runc"),

@@ -443,3 +443,35 @@ fn gvisor_image_volume() {
     .unwrap();
     env.assert_no_leaks();
 }
+
+/// The start-up probe tries runsc like any handler: its trial sandbox (a real gVisor sandbox
+/// under ptrace, in a network namespace of its own) is created and deleted, so runsc is
+/// offered, and nothing of the trial is left — no runsc process, no state, no dir.
+#[test]
+fn the_probe_offers_runsc_after_a_trial_sandbox() {
+    if let Some(why) = runsc_missing() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let env = Env::new("runsc-probe");
+    let rt = env.runtime();
+    let t = Instant::now();
+    let probed = rt.wait_probed(Duration::from_secs(120));
+    eprintln!("probed in {:?}: {probed:?}", t.elapsed());
+    assert_eq!(probed["runsc"], sandboxd::probe::Readiness::Ready);
+    assert!(rt.health().handlers.iter().any(|h| h.name == "runsc"));
+    assert!(!env.cfg.root.join("probe").exists());
+    let base = env.base.display().to_string();
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            (cmd.contains("runsc") && cmd.contains(&base)).then_some(cmd)
+        })
+        .collect();
+    assert!(left.is_empty(), "runsc processes left: {left:?}");
+    drop(rt);
+    env.assert_no_leaks();
+}

@@ -367,11 +367,7 @@ fn build(
     // (unmount, then rmdir) would fail with EBUSY while the container exists. A handler with
     // a sandbox process of its own (gVisor's gofer, a VM's file server) reads them by path
     // for as long as the container lives: those stay, and go with the container dir.
-    let serves_by_path = rt
-        .cfg
-        .runtimes
-        .get(&runtime.name)
-        .is_some_and(|h| h.needs_sandbox_process);
+    let serves_by_path = !runtime.family.node_kernel();
     for at in staged.iter().filter(|_| !serves_by_path) {
         if let Err(e) = crate::mounts::unmount_all(at) {
             tracing::warn!(container_id = %id, path = %at.display(), error = %e,

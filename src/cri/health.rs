@@ -12,6 +12,7 @@ pub fn status_to_cri(
     let crate::RuntimeHealth {
         network,
         handlers,
+        not_offered,
         quarantined,
     } = health;
     let mut conditions = vec![cri::RuntimeCondition {
@@ -59,6 +60,12 @@ pub fn status_to_cri(
         });
     }
     if verbose {
+        // The handlers left out of `runtime_handlers`, with the runtime's reason.
+        let why: std::collections::BTreeMap<_, _> = not_offered.into_iter().collect();
+        info.insert(
+            "handlersNotOffered".to_string(),
+            serde_json::to_string(&why).unwrap_or_default(),
+        );
         info.insert(
             "config".to_string(),
             serde_json::to_string(&cfg).unwrap_or_default(),

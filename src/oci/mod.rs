@@ -3,7 +3,6 @@
 //! and exit status learned from files the monitor writes.
 
 mod mount_ns;
-pub mod runsc;
 mod runtime;
 pub mod spec;
 

@@ -105,6 +105,8 @@ pub struct RuntimeStats {
 #[derive(Debug, Clone)]
 pub struct OciRuntime {
     pub name: String,
+    /// What kind of runtime it is (`handlers`): what the verbs must do differently for it.
+    pub family: &'static dyn crate::handlers::Family,
     pub path: PathBuf,
     /// Flags before every subcommand (`runtime_args` of the handler).
     pub args: Vec<String>,
@@ -278,6 +280,51 @@ impl OciRuntime {
                 id: id.to_string(),
                 msg: format!("monitor printed {text:?} instead of a pid"),
             })
+    }
+
+    /// `create` without a monitor, the container's stdio on /dev/null: the start-up probe's
+    /// trial container ([`delete`](Self::delete) removes it). Fails with the runtime's own
+    /// message.
+    pub fn create_detached(&self, id: &str, bundle: &Path, log: &Path) -> Result<(), RuntimeError> {
+        // The umask is left alone, as the monitor leaves it for `create`: the cgroup dirs the
+        // runtime makes (the pods' parent among them) must stay readable to containers.
+        let mut c = runtime::command(&self.path, &self.args, &self.root);
+        c.arg("--log").arg(log).arg("--log-format").arg("json");
+        c.arg("create").arg("--bundle").arg(bundle).arg(id);
+        c.env_remove("NOTIFY_SOCKET");
+        // A file, not a pipe: the container's init would hold a pipe open past the call.
+        let stderr_path = bundle.join("create.stderr");
+        let stderr = std::fs::File::create(&stderr_path).ok().map(Into::into);
+        let failed = |msg: String| RuntimeError::Failed {
+            runtime: self.name.clone(),
+            op: "create",
+            id: id.to_string(),
+            msg,
+        };
+        match process::run_with_stdio(c, [None, None, stderr], self.timeout) {
+            Ok(st) if st.success() => Ok(()),
+            Ok(st) => {
+                let text = std::fs::read(&stderr_path).unwrap_or_default();
+                let text = String::from_utf8_lossy(&text[..text.len().min(4096)]);
+                let msg = last_log_error(log)
+                    .or_else(|| Some(text.trim().to_string()).filter(|t| !t.is_empty()))
+                    .unwrap_or_else(|| format!("exited with {st}"));
+                Err(failed(msg))
+            }
+            Err(RunError::Timeout { limit, stderr, .. }) => Err(RuntimeError::TimedOut {
+                runtime: self.name.clone(),
+                binary: self.path.display().to_string(),
+                op: "create",
+                id: id.to_string(),
+                limit,
+                stderr,
+            }),
+            Err(source) => Err(RuntimeError::Run {
+                runtime: self.name.clone(),
+                op: "create",
+                source,
+            }),
+        }
     }
 
     pub fn start(&self, id: &str, log: &Path) -> Result<(), RuntimeError> {

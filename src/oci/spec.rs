@@ -44,8 +44,11 @@ pub struct InfraSpec {
     pub metadata: crate::model::sandbox::PodSandboxMetadata,
     pub rootfs: PathBuf,
     pub hostname: String,
-    /// Join this network namespace by path; `None` = the host's.
+    /// Join this network namespace by path; `None` = the host's (unless `private_netns`).
     pub netns: Option<PathBuf>,
+    /// Without `netns`: a new, empty network namespace made by the runtime (the start-up
+    /// probe's trial container), not the host's.
+    pub private_netns: bool,
     /// Join this user namespace (the pod's, with these maps), which owns `netns`.
     pub userns: Option<(PathBuf, crate::model::sandbox::IdMap)>,
     pub host_ipc: bool,
@@ -204,8 +207,9 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
     if !s.host_ipc {
         namespaces.push(ns(LinuxNamespaceType::Ipc, None));
     }
-    if let Some(netns) = &s.netns {
-        namespaces.push(ns(LinuxNamespaceType::Network, Some(netns)));
+    let own_network = s.netns.is_some() || s.private_netns;
+    if own_network {
+        namespaces.push(ns(LinuxNamespaceType::Network, s.netns.as_deref()));
         namespaces.push(ns(LinuxNamespaceType::Uts, None));
     }
 
@@ -312,11 +316,11 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
         .mounts(mounts)
         .linux(linux)
         .annotations(annotations);
-    if s.netns.is_some() {
+    if own_network {
         b = b.hostname(s.hostname.clone());
     }
     let mut spec = b.build().map_err(|e| err("spec", e))?;
-    if s.netns.is_none() {
+    if !own_network {
         // No private UTS namespace: the builder's default hostname must not be set.
         spec.set_hostname(None);
     }
@@ -417,6 +421,7 @@ mod tests {
             rootfs: "/r".into(),
             hostname: "h".into(),
             netns: netns.map(PathBuf::from),
+            private_netns: false,
             userns: None,
             host_ipc: false,
             host_pid: false,

@@ -325,6 +325,7 @@ fn start_infra(
         rootfs,
         hostname: plan.hostname.clone(),
         netns: rec.netns.clone(),
+        private_netns: false,
         userns: rec.userns.clone().zip(config.user_namespace.clone()),
         host_ipc: config.host_ipc(),
         host_pid: config.host_pid(),
@@ -492,11 +493,14 @@ fn validate_config(rt: &Runtime, c: &PodSandboxConfig) -> Result<Plan> {
             runtime.path.display()
         )));
     }
-    let needs_process = rt
-        .cfg
-        .runtimes
-        .get(&handler_name)
-        .is_some_and(|h| h.needs_sandbox_process);
+    // Refused at once when the start-up probe's trial container failed (a handler still
+    // being tried is not waited for).
+    if let crate::probe::Readiness::NotReady(why) = rt.handler_readiness(&handler_name) {
+        return Err(Error::FailedPrecondition(format!(
+            "runtime handler {handler_name:?} cannot create containers on this node (its trial container at start failed): {why}"
+        )));
+    }
+    let needs_process = runtime.family.sandbox_process();
     let infra = c.namespace_options.pid == NamespaceMode::Pod
         || needs_process
         || rt.cfg.infra == InfraPolicy::Always;

@@ -15,6 +15,8 @@ pub struct Daemon {
     pub socket: PathBuf,
     pub config: PathBuf,
     pub log: PathBuf,
+    /// `<state root>/probe`: the start-up probe's trial containers while they are made.
+    probe: PathBuf,
 }
 
 impl Daemon {
@@ -80,6 +82,7 @@ impl Daemon {
             socket,
             config,
             log,
+            probe: cfg.root.join("probe"),
         };
         d.wait_ready();
         d
@@ -112,7 +115,14 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// The end of a test: kill -9 once the start-up probe's trials are done (a daemon killed
+    /// in one leaves it half-made until its next start, which a test ending here never has;
+    /// `tests/daemon_kill9.rs` kills one mid-trial on purpose).
     fn drop(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.child.is_some() && self.probe.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         self.kill9();
     }
 }

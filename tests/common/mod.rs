@@ -250,6 +250,18 @@ impl Env {
     /// The leak check for a test whose netns dir is shared with the host (`/var/run/netns`);
     /// the test checks its own entry there itself.
     pub fn assert_no_leaks_except_netns_dir(&self) {
+        // A daemon started moments ago may still be making the start-up probe's trial
+        // containers (a second or two); they are gone with their dir.
+        let probe = self.cfg.root.join("probe");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while probe.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert!(
+            !probe.exists(),
+            "the probe's trials never ended: {}",
+            sh(&format!("ls -R {}", probe.display()))
+        );
         for d in [
             &self.cfg.ipcns_dir,
             &self.cfg.utsns_dir,
@@ -373,10 +385,21 @@ pub fn addrs_in(ns: &Path, ifname: &str) -> String {
 fn cleanup_base(base: &Path) {
     // Containers of any runtime under this base (runsc's are gone with their processes:
     // its state files go with the base).
-    for h in ["runc", "crun"] {
-        let root = base.join("root/runtime").join(h);
+    // (and the start-up probe's trial containers, should a test end while one is made); any
+    // other handler a test added is runc-compatible.
+    let probes = list_names(&base.join("root/probe"))
+        .into_iter()
+        .map(|h| (h.clone(), base.join("root/probe").join(h).join("state")));
+    let roots: Vec<(String, PathBuf)> = list_names(&base.join("root/runtime"))
+        .into_iter()
+        .map(|h| (h.clone(), base.join("root/runtime").join(h)))
+        .chain(probes)
+        .filter(|(h, _)| h != "runsc")
+        .map(|(h, r)| (if h == "crun" { h } else { "runc".into() }, r))
+        .collect();
+    for (h, root) in roots {
         for id in list_names(&root) {
-            let _ = Command::new(h)
+            let _ = Command::new(&h)
                 .arg("--root")
                 .arg(&root)
                 .args(["delete", "--force", &id])

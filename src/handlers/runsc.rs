@@ -1,4 +1,5 @@
-//! gVisor (`runsc`) as a runtime handler: the flags it needs on this host, detected once.
+//! gVisor (`runsc`): every pod is a sandbox (the infra process becomes gVisor's sandbox, its
+//! containers run on gVisor's kernel), and the flags it needs on this host, probed at start.
 //!
 //! The platform is `ptrace` (KVM needs nested virtualisation, which many hosts lack). gVisor's
 //! own network stack (`--network=sandbox`) takes the pod's interfaces over from the
@@ -9,23 +10,40 @@
 //! netns, with its CNI interface, but its sockets go to the kernel's stack of that netns.
 
 use std::path::Path;
-use std::sync::OnceLock;
+
+use super::Family;
 
 /// The first runsc release whose netns check works on kernels that show
 /// `net.core.rmem_default` per netns.
 const NETSTACK_FIXED: u32 = 20240801;
 
-/// The flags of the built-in runsc handler.
-pub fn default_args(runsc: &Path) -> Vec<String> {
-    static ARGS: OnceLock<Vec<String>> = OnceLock::new();
-    ARGS.get_or_init(|| {
-        let mut args = vec!["--platform=ptrace".to_string()];
-        if !netstack_usable(runsc) {
-            args.push("--network=host".into());
+#[derive(Debug)]
+pub struct Runsc;
+
+impl Family for Runsc {
+    fn name(&self) -> &'static str {
+        "runsc"
+    }
+
+    fn claims_binary(&self, file_name: &str) -> bool {
+        file_name == "runsc"
+    }
+
+    fn sandbox_process(&self) -> bool {
+        true
+    }
+
+    fn node_kernel(&self) -> bool {
+        false
+    }
+
+    fn host_args(&self, binary: &Path) -> Vec<String> {
+        if netstack_usable(binary) {
+            Vec::new()
+        } else {
+            vec!["--network=host".into()]
         }
-        args
-    })
-    .clone()
+    }
 }
 
 /// The release date in `runsc --version` (`release-20240801.0` or Debian's

@@ -1,0 +1,362 @@
+//! The host, probed as a step of its own: each handler's binary, family flags and whether it
+//! can create a container here (found by trying), and the node's facts. `Status`, the verbs
+//! and the tests read the results; `Config::default()` probes nothing.
+//!
+//! When things run:
+//! - at start (`Runtime::new`): each handler's binary is found and its family's host flags
+//!   probed, all handlers in parallel, each call under a time limit;
+//! - in the background, once (the daemon starts it before serving; `Status` starts it if
+//!   nobody did): one trial container per handler, built like an infra container, created
+//!   and deleted. A handler whose trial fails is not offered in `Status` and its pods are
+//!   refused at once with the runtime's own reason (e.g. crun on a cgroup v1 hybrid host);
+//! - never on a request's path: a pod of a handler still being tried is run as before, so a
+//!   runtime that hangs costs its trial's time limit in the background only.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Once, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::config::RuntimeHandler;
+use crate::error::{Error, Result};
+use crate::handlers::{family_of, Family};
+use crate::oci::{spec, OciRuntime};
+
+/// What the probe found of one handler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// Not tried (yet, or there is nothing to try with: no pause binary).
+    NotProbed,
+    /// Its trial container is being created.
+    Probing,
+    /// Its trial container was created and deleted.
+    Ready,
+    /// It cannot run pods here; the reason is the runtime's own message.
+    NotReady(String),
+}
+
+/// A handler as the runtime resolved it at start.
+#[derive(Clone)]
+pub(crate) struct Resolved {
+    pub family: &'static dyn Family,
+    pub path: PathBuf,
+    /// The family's flags for this host (`Family::host_args`) not already configured.
+    pub host_args: Vec<String>,
+}
+
+/// The probe's results, held by the runtime.
+pub(crate) struct Probe {
+    handlers: Arc<Mutex<BTreeMap<String, Readiness>>>,
+    trials: Once,
+    /// The trials' threads (one per handler: a hung runtime delays only its own answer):
+    /// waited for, up to [`DROP_WAIT`], when the runtime is dropped, so that a test's
+    /// clean-up does not race a trial container being made.
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    cancel: Arc<AtomicBool>,
+    /// Whether pods can have user namespaces here (`userns::probe`, tried at first need).
+    pub userns: OnceLock<std::result::Result<(), String>>,
+}
+
+impl Default for Probe {
+    fn default() -> Self {
+        Probe {
+            handlers: Default::default(),
+            trials: Once::new(),
+            threads: Mutex::new(Vec::new()),
+            cancel: Arc::default(),
+            userns: OnceLock::new(),
+        }
+    }
+}
+
+/// How long a dropped runtime waits for trials in progress.
+const DROP_WAIT: Duration = Duration::from_secs(10);
+
+impl Probe {
+    /// Skips the trials not begun and waits up to `limit` for those in progress.
+    fn stop(&self, limit: Duration) {
+        self.cancel.store(true, Ordering::Relaxed);
+        let deadline = Instant::now() + limit;
+        let threads = std::mem::take(&mut *crate::lock(&self.threads));
+        while Instant::now() < deadline && threads.iter().any(|t| !t.is_finished()) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        self.stop(DROP_WAIT);
+    }
+}
+
+/// Finds each handler's binary and family, and probes its family's host flags: all handlers
+/// at once, each probe under its own time limit.
+pub(crate) fn resolve_handlers(
+    handlers: &BTreeMap<String, RuntimeHandler>,
+) -> Result<BTreeMap<String, Resolved>> {
+    let mut out = BTreeMap::new();
+    let mut jobs = Vec::new();
+    for (name, h) in handlers {
+        let family =
+            family_of(h).map_err(|e| Error::Config(format!("runtime handler {name:?}: {e}")))?;
+        let path = binary_path(&h.path);
+        if path.is_file() {
+            let (p, configured) = (path.clone(), h.runtime_args.clone());
+            jobs.push((
+                name.clone(),
+                std::thread::spawn(move || {
+                    let flag = |a: &str| a.split('=').next().unwrap_or(a).to_string();
+                    family
+                        .host_args(&p)
+                        .into_iter()
+                        .filter(|a| !configured.iter().any(|c| flag(c) == flag(a)))
+                        .collect::<Vec<_>>()
+                }),
+            ));
+        }
+        out.insert(
+            name.clone(),
+            Resolved {
+                family,
+                path,
+                host_args: Vec::new(),
+            },
+        );
+    }
+    for (name, job) in jobs {
+        let args = job.join().unwrap_or_default();
+        if let Some(r) = out.get_mut(&name) {
+            r.host_args = args;
+        }
+    }
+    Ok(out)
+}
+
+/// A bare program name is looked up in PATH; a relative path is made absolute (a call that
+/// enters the runtime's mount namespace starts in `/`).
+pub(crate) fn binary_path(p: &Path) -> PathBuf {
+    let bare = p.is_relative() && p.components().count() == 1;
+    match p.to_str() {
+        Some(name) if bare => crate::config::find_in_path(name).unwrap_or_else(|| p.to_path_buf()),
+        _ if p.is_relative() => std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()),
+        _ => p.to_path_buf(),
+    }
+}
+
+/// Everything one handler's trial needs, owned (it runs on its own thread).
+struct Trial {
+    rt: OciRuntime,
+    infra_rootfs: Option<PathBuf>,
+    dir: PathBuf,
+    driver: crate::cgroups::Driver,
+    cgroup_parent: String,
+    results: Arc<Mutex<BTreeMap<String, Readiness>>>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl crate::Runtime {
+    /// Starts the handlers' trial containers in the background, once (the daemon calls it
+    /// before serving; [`health`](Self::health) calls it too).
+    pub fn probe_handlers(&self) {
+        self.probe.trials.call_once(|| {
+            let mut threads = crate::lock(&self.probe.threads);
+            for rt in self.runtimes.values() {
+                crate::lock(&self.probe.handlers).insert(rt.name.clone(), Readiness::Probing);
+                let t = Trial {
+                    rt: rt.clone(),
+                    infra_rootfs: self.infra_rootfs.clone(),
+                    dir: self.cfg.root.join("probe"),
+                    driver: self.cgroup_driver,
+                    cgroup_parent: self.cfg.cgroup_parent.clone(),
+                    results: self.probe.handlers.clone(),
+                    cancel: self.probe.cancel.clone(),
+                };
+                match std::thread::Builder::new()
+                    .name(format!("probe-{}", rt.name))
+                    .spawn(move || t.run())
+                {
+                    Ok(t) => threads.push(t),
+                    Err(e) => {
+                        tracing::warn!(handler = %rt.name, error = %e, "cannot start the handler's probe");
+                        crate::lock(&self.probe.handlers).insert(rt.name.clone(), Readiness::NotProbed);
+                    }
+                }
+            }
+        });
+    }
+
+    /// Ends the probe before the daemon exits: trials not begun are skipped, those in
+    /// progress are waited for (up to `limit`) so that none is left half-made.
+    pub fn stop_probe(&self, limit: Duration) {
+        self.probe.stop(limit);
+    }
+
+    /// What the probe found of `handler` (the default one for an empty name).
+    pub fn handler_readiness(&self, handler: &str) -> Readiness {
+        let name = if handler.is_empty() {
+            &self.cfg.default_runtime
+        } else {
+            handler
+        };
+        crate::lock(&self.probe.handlers)
+            .get(name)
+            .cloned()
+            .unwrap_or(Readiness::NotProbed)
+    }
+
+    /// Starts the probe if needed and waits (up to `limit`) until no handler is being tried;
+    /// returns what it found of each.
+    pub fn wait_probed(&self, limit: Duration) -> BTreeMap<String, Readiness> {
+        self.probe_handlers();
+        let deadline = Instant::now() + limit;
+        loop {
+            let now = crate::lock(&self.probe.handlers).clone();
+            if Instant::now() >= deadline || !now.values().any(|r| *r == Readiness::Probing) {
+                return now;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Trial {
+    fn run(self) {
+        let rt = &self.rt;
+        let found = if self.cancel.load(Ordering::Relaxed) {
+            Readiness::NotProbed
+        } else if !rt.path.is_file() {
+            Readiness::NotReady(format!("binary {} not found", rt.path.display()))
+        } else if let Some(rootfs) = &self.infra_rootfs {
+            let started = Instant::now();
+            let r = match self.trial(rt, rootfs) {
+                Ok(()) => Readiness::Ready,
+                Err(e) => Readiness::NotReady(e),
+            };
+            match &r {
+                Readiness::NotReady(reason) => tracing::warn!(handler = %rt.name, %reason,
+                    "runtime handler cannot create a container on this host: not offered"),
+                _ => tracing::info!(handler = %rt.name,
+                    elapsed_ms = started.elapsed().as_millis() as u64, "runtime handler works"),
+            }
+            r
+        } else {
+            // Nothing to try with: offered as before, its first pod will tell.
+            Readiness::NotProbed
+        };
+        crate::lock(&self.results).insert(rt.name.clone(), found);
+        // The last trial out removes the shared dir (the others' dirs keep it until then).
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+
+    /// One trial container of `rt`, built like an infra container in a new network
+    /// namespace, created and deleted; its dir and cgroup go with it.
+    fn trial(&self, rt: &OciRuntime, rootfs: &Path) -> std::result::Result<(), String> {
+        let id = format!("probe{}", crate::short_hash(&rt.name));
+        let dir = self.dir.join(&rt.name);
+        let pod_cgroup = self.driver.own_pod_cgroup(&self.cgroup_parent, &id);
+        let trial = OciRuntime {
+            root: dir.join("state"),
+            mount_ns: None,
+            ..rt.clone()
+        };
+        let log = dir.join("log.json");
+        // A trial a killed daemon left (its container may still exist).
+        if trial.root.exists() {
+            let _ = trial.delete(&id, &log);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        crate::state::files::private_dir_all(&dir).map_err(|e| e.to_string())?;
+        let result = (|| -> std::result::Result<(), String> {
+            for f in ["resolv.conf", "hosts", "hostname"] {
+                std::fs::write(dir.join(f), "").map_err(|e| format!("{f}: {e}"))?;
+            }
+            let s = spec::infra(&spec::InfraSpec {
+                sandbox_id: id.clone(),
+                metadata: Default::default(),
+                rootfs: rootfs.to_path_buf(),
+                hostname: "probe".into(),
+                netns: None,
+                private_netns: true,
+                userns: None,
+                host_ipc: false,
+                host_pid: false,
+                shm: None,
+                resolv_conf: dir.join("resolv.conf"),
+                hosts: dir.join("hosts"),
+                hostname_file: dir.join("hostname"),
+                cgroups_path: crate::cgroups::child(&pod_cgroup, &id),
+                oom_score_adj: spec::clamp_oom_score_adj(-998),
+                sysctls: Default::default(),
+            })
+            .map_err(|e| e.to_string())?;
+            spec::save(&s, &dir.join("config.json")).map_err(|e| e.to_string())?;
+            trial
+                .create_detached(&id, &dir, &log)
+                .map_err(|e| e.to_string())
+        })();
+        if let Err(e) = trial.delete(&id, &log) {
+            tracing::warn!(handler = %rt.name, error = %e, "cannot delete the probe's trial container");
+        }
+        // The container's cgroup, then the pod's: runsc's sandbox leaves its own a moment
+        // after `delete` returns.
+        let cgroup = crate::cgroups::child(&pod_cgroup, &id);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let r =
+                crate::cgroups::remove(&cgroup).and_then(|()| crate::cgroups::remove(&pod_cgroup));
+            match r {
+                Ok(()) => break,
+                Err(e) if Instant::now() >= deadline => {
+                    tracing::warn!(handler = %rt.name, error = %e, "cannot remove the probe's trial cgroup");
+                    break;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binaries_are_found_in_path_or_made_absolute() {
+        assert_eq!(
+            binary_path(Path::new("/usr/sbin/runc")),
+            PathBuf::from("/usr/sbin/runc")
+        );
+        assert!(binary_path(Path::new("./bin/runc")).is_absolute());
+        // Not in PATH: kept as the bare name (the handler is then reported not ready).
+        assert_eq!(
+            binary_path(Path::new("no-such-runtime-xyz")),
+            PathBuf::from("no-such-runtime-xyz")
+        );
+    }
+
+    #[test]
+    fn host_flags_already_configured_are_not_added_twice() {
+        let handlers = BTreeMap::from([(
+            "x".to_string(),
+            RuntimeHandler {
+                path: "/bin/true".into(),
+                ..Default::default()
+            },
+        )]);
+        let r = resolve_handlers(&handlers).unwrap();
+        assert_eq!(r["x"].family.name(), "runc");
+        assert!(r["x"].host_args.is_empty());
+        let bad = BTreeMap::from([(
+            "x".to_string(),
+            RuntimeHandler {
+                family: Some("nope".into()),
+                ..Default::default()
+            },
+        )]);
+        assert!(resolve_handlers(&bad).is_err());
+    }
+}
