@@ -117,6 +117,14 @@ fn logs_exit_codes_and_removal() {
     let done = wait_exited(&rt, &id);
     assert_eq!((done.exit_code, done.reason.as_str()), (3, "Error"));
     assert!(done.finished_at >= done.started_at && done.started_at >= done.created_at);
+    // finished_at is the monitor's reap time from the exit file, to the nanosecond (not the
+    // file's mtime: written after the output's drain, and tick-coarse).
+    let exit_file = rt.container_record(&id).unwrap().dir.join("exit");
+    let exit: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&exit_file).unwrap()).unwrap();
+    let exited_at =
+        sandboxd_shim_common::time::parse_rfc3339_nano(exit["exited_at"].as_str().unwrap());
+    assert_eq!(Some(done.finished_at), exited_at, "{exit}");
     let log = log_of(&rt, &id);
     assert!(log.starts_with(env.base.join("logs/logs")));
     let entries = log_entries(&log);

@@ -103,14 +103,10 @@ pub(crate) fn reconcile(rt: &Runtime) {
         }
         let rec = super::status::refresh(rt, &entry);
         if matches!(rec.state, ContainerState::Running | ContainerState::Created) {
-            let files = rec.files();
-            let monitor_alive = files.monitor_pid().is_some_and(crate::process::alive);
-            if !monitor_alive
-                && files.exit().is_none()
-                && runtime_status().as_deref() == Some("running")
-            {
+            let gone = rec.files().monitor_gone_without_exit();
+            if gone && runtime_status().as_deref() == Some("running") {
                 tracing::warn!(container_id = %rec.id, "the container's monitor is gone but the container runs: its output is no longer logged");
-            } else if !monitor_alive && files.exit().is_none() {
+            } else if gone {
                 tracing::warn!(container_id = %rec.id, "container's monitor vanished while the daemon was down");
                 super::status::mark_exited(rt, &entry, |r| {
                     r.exit_code = 255;

@@ -59,10 +59,8 @@ pub(crate) fn refresh_within(
         // nothing will ever record it.
         if rec.state == ContainerState::Running
             && !crate::process::alive(rec.pid)
-            && files
-                .monitor_pid()
-                .is_some_and(|m| !crate::process::alive(m))
-            && files.exit().is_none()
+            && files.monitor_pid().is_some()
+            && files.monitor_gone_without_exit()
         {
             tracing::warn!(container_id = %rec.id, "the container's monitor died and its process is gone; exit status unknown");
             mark_exited(rt, entry, |r| {
@@ -74,11 +72,8 @@ pub(crate) fn refresh_within(
         }
         return lock(&entry.record).clone();
     };
-    let finished = std::fs::metadata(&files.exit_file)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or_else(now_nanos, |d| d.as_nanos() as i64);
+    // The reap's time, not the exit file's: that is written after the output is drained.
+    let finished = files.exited_at_nanos(&exit).unwrap_or_else(now_nanos);
     // The monitor saw the kills while the cgroup existed (a systemd scope is gone with the
     // container); a cgroupfs dir still holds them.
     let oom =

@@ -13,8 +13,7 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 
 use crate::lock;
 
-/// The exit file's name in a container dir (see `oci::ContainerFiles`).
-const EXIT_FILE: &str = "exit";
+use sandboxd_shim_common::exit::EXIT_FILE;
 
 #[derive(Default)]
 struct Watches {

@@ -72,7 +72,7 @@ impl ContainerFiles {
     pub fn in_dir(dir: &Path, log_path: Option<PathBuf>) -> Self {
         ContainerFiles {
             pid_file: dir.join("pid"),
-            exit_file: dir.join("exit"),
+            exit_file: dir.join(sandboxd_shim_common::exit::EXIT_FILE),
             monitor_pid_file: dir.join("monitor.pid"),
             runtime_log: dir.join("runtime.log"),
             log_path,
@@ -90,6 +90,22 @@ impl ContainerFiles {
     /// The monitor's pid, if recorded.
     pub fn monitor_pid(&self) -> Option<i32> {
         process::read_pid(&self.monitor_pid_file)
+    }
+
+    /// The monitor is gone and recorded no exit: nobody ever will. (The one check of a dead
+    /// monitor: the status refresh and the start-up restore ask it.)
+    pub fn monitor_gone_without_exit(&self) -> bool {
+        !self.monitor_pid().is_some_and(process::alive) && self.exit().is_none()
+    }
+
+    /// When the container exited, as the monitor recorded it at the reap (before the drain
+    /// of its output); for an exit file without a readable `exited_at` (an older monitor),
+    /// the file's mtime.
+    pub fn exited_at_nanos(&self, exit: &ExitInfo) -> Option<i64> {
+        exit.exited_at_nanos().or_else(|| {
+            let t = std::fs::metadata(&self.exit_file).ok()?.modified().ok()?;
+            Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos() as i64)
+        })
     }
 }
 

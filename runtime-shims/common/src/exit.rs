@@ -7,6 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The exit file's name in the container's dir.
+pub const EXIT_FILE: &str = "exit";
+
 /// The exit file's content.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ExitInfo {
@@ -42,6 +45,12 @@ impl ExitInfo {
     /// Reads an exit file's bytes.
     pub fn parse(data: &[u8]) -> Option<ExitInfo> {
         serde_json::from_slice(data).ok()
+    }
+
+    /// When the container exited (reaped, before its output was drained), in nanoseconds
+    /// since the epoch; `None` if `exited_at` is missing or malformed.
+    pub fn exited_at_nanos(&self) -> Option<i64> {
+        crate::time::parse_rfc3339_nano(&self.exited_at)
     }
 }
 

@@ -13,6 +13,7 @@
 //! - [`fd`]: the small syscalls both use (pidfd, fd passing, terminal size, pipes).
 //! - [`runtime`]: what both read from the OCI runtime (its JSON log, `state`, `wait`) and how
 //!   both run it.
+//! - [`time`]: the RFC 3339 timestamps of the CRI log and the exit file, written and read.
 //!
 //! Light on purpose: libc and serde only, so the monitor still builds as a small static
 //! binary (`scripts/build-shims`).
@@ -23,3 +24,4 @@ pub mod exit;
 pub mod fd;
 pub mod files;
 pub mod runtime;
+pub mod time;

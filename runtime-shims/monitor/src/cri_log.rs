@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
-use crate::time::timestamp;
+use sandboxd_shim_common::time::timestamp;
 
 /// Longest log entry; longer lines are split into partial (`P`) entries.
 const MAX_LINE: usize = 16 * 1024;

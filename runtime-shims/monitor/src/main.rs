@@ -20,7 +20,7 @@
 //! record), [`detach`] (the monitor leaves the daemon, reports back), [`supervise`] (the monitor's life and its poll loop), [`create`]
 //! (`runtime create`), [`terminal`] (the console socket), [`cri_log`] (the CRI log writer),
 //! [`attach`] (the attach socket server), [`oom`] (OOM kills seen while it runs), [`reaper`]
-//! (reaping, the exit), [`time`].
+//! (reaping, the exit; its timestamps from `sandboxd_shim_common::time`).
 
 mod attach;
 mod create;
@@ -32,7 +32,6 @@ mod oom;
 mod reaper;
 mod supervise;
 mod terminal;
-mod time;
 
 use sandboxd_shim_common::cli::{self, MonitorArgs, Parsed};
 

@@ -13,7 +13,7 @@ use sandboxd_shim_common::cli::MonitorArgs;
 use sandboxd_shim_common::exit::ExitInfo;
 use sandboxd_shim_common::runtime::{self, parse_wait, RuntimeState};
 
-use crate::time::timestamp;
+use sandboxd_shim_common::time::timestamp;
 
 /// The container's exit, and when the monitor learned it.
 pub struct Exit {
