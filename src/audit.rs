@@ -17,7 +17,6 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::cni::CacheEntry;
 use crate::{lock, validate, Runtime};
 
 /// A kind of host object the daemon makes, in the order [`fix`] removes them.
@@ -434,15 +433,9 @@ fn remove(rt: &Runtime, o: &Orphan) -> std::result::Result<(), String> {
                 .map_err(|e| e.to_string())
         }
         Kind::CniCache => match rt.cni.load_cache(&o.owner) {
-            Some(CacheEntry {
-                list,
-                mut attachment,
-                result,
-            }) => {
+            Some(kept) => {
                 // Its netns is gone or not ours to enter: DEL releases the IPAM reservation.
-                attachment.netns = None;
-                rt.host
-                    .cni_del(&rt.cni, &list, &attachment, result.as_ref())
+                crate::sandbox::network::del(rt, &o.owner, Some(kept), None, None)
                     .map_err(|e| format!("CNI DEL: {e}"))?;
                 rt.cni.remove_cache(&o.owner).map_err(|e| e.to_string())
             }

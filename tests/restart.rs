@@ -361,3 +361,48 @@ fn crash_mid_run_of_a_gvisor_pod() {
         assert!(left.is_empty(), "{fp}: processes left: {left:?}");
     }
 }
+
+/// A record in the format of earlier versions (the CNI attachment naming the netns a second
+/// time) passes through the restore: the pod is Ready with its IP, the next write drops the
+/// second path, and stop/remove release everything (CNI DEL ran in the netns: the IPAM
+/// reservation is gone).
+#[test]
+fn a_record_of_the_older_format_is_migrated_at_restore() {
+    let env = Env::new("migrate");
+    let rt = env.runtime();
+    let id = rt.run_pod_sandbox(&env.pod("old", false)).unwrap();
+    let ip = rt.pod_sandbox_status(&id).unwrap().ips[0].clone();
+    drop(rt);
+    // Rewritten as the previous version wrote it.
+    let file = env.cfg.root.join("sandboxes").join(&id).join("state.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let netns = v["netns"].clone();
+    assert!(netns.is_string(), "{v}");
+    v["network"]["cache"]["attachment"]["netns"] = netns.clone();
+    std::fs::write(&file, serde_json::to_vec(&v).unwrap()).unwrap();
+
+    let rt = env.runtime();
+    let st = rt.pod_sandbox_status(&id).unwrap();
+    assert_eq!(st.state, SandboxState::Ready);
+    assert_eq!(st.ips, vec![ip.clone()]);
+    assert_eq!(
+        st.netns_path.as_deref().map(Path::to_path_buf),
+        netns.as_str().map(std::path::PathBuf::from)
+    );
+    let rec = rt.sandbox_record(&id).unwrap();
+    assert_eq!(rec.network.cache.unwrap().attachment.netns, None);
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert!(
+        v["network"]["cache"]["attachment"]["netns"].is_null(),
+        "{v}"
+    );
+    rt.stop_pod_sandbox(&id).unwrap();
+    rt.remove_pod_sandbox(&id).unwrap();
+    let ipam = env.cfg.root.join("cni/networks");
+    let reserved = sh(&format!("grep -rl {id} {} || true", ipam.display()));
+    assert!(
+        reserved.trim().is_empty(),
+        "{ip} still reserved: {reserved}"
+    );
+    env.assert_no_leaks();
+}

@@ -411,6 +411,23 @@ impl SandboxRecord {
         }
     }
 
+    /// Brings a record an older version wrote to today's shape; true if anything changed.
+    /// - Before 0.1.0-2026-11-26 the recorded CNI attachment carried the pod's netns path
+    ///   too, a second owner of `netns`: dropped (every CNI call is given `netns`).
+    pub fn migrate(&mut self) -> bool {
+        let att = self.network.cache.as_mut().map(|c| &mut c.attachment);
+        match att {
+            Some(a) if a.netns.is_some() => {
+                if self.netns.is_none() {
+                    self.netns = a.netns.take();
+                }
+                a.netns = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Every pinned namespace file the record names, the user namespace (their owner) last.
     pub fn namespace_files(&self) -> impl Iterator<Item = &PathBuf> {
         [&self.netns, &self.ipcns, &self.utsns, &self.userns]

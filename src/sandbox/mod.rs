@@ -5,6 +5,7 @@
 //! leaves enough on disk to finish or roll back.
 
 pub(crate) mod infra;
+pub(crate) mod network;
 pub(crate) mod remove;
 pub(crate) mod restore;
 pub(crate) mod run;

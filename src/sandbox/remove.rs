@@ -112,28 +112,7 @@ fn finish_quarantined(rt: &Runtime, id: &str) -> Result<()> {
     }
     let name = rt.ns_name(id);
     let netns = rt.cfg.netns_dir.join(&name);
-    let del = match rt.cni.load_cache(id) {
-        Some(mut c) => {
-            c.attachment.netns = Some(netns.clone()).filter(|p| rt.host.is_namespace(p));
-            rt.host
-                .cni_del(&rt.cni, &c.list, &c.attachment, c.result.as_ref())
-        }
-        None => {
-            tracing::warn!(sandbox_id = %id, "no CNI attachment was kept for it; DEL with today's network config");
-            rt.network().and_then(|list| {
-                let att = crate::cni::Attachment {
-                    container_id: id.to_string(),
-                    netns: Some(netns.clone()).filter(|p| rt.host.is_namespace(p)),
-                    ifname: "eth0".into(),
-                    pod_name: String::new(),
-                    pod_namespace: String::new(),
-                    pod_uid: String::new(),
-                    port_mappings: Vec::new(),
-                };
-                rt.host.cni_del(&rt.cni, &list, &att, None)
-            })
-        }
-    };
+    let del = super::network::del(rt, id, rt.cni.load_cache(id), None, Some(&netns));
     if let Err(e) = del {
         // The netns stays for the retry (DEL is best with it).
         errors.push(Error::step("tear down network", id, e));

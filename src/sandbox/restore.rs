@@ -3,7 +3,6 @@
 //! (namespace files with our prefix, record-less dirs, CNI cache entries, runtime containers).
 
 use super::*;
-use crate::cni::CacheEntry;
 use crate::error::Result;
 use crate::{lock, Runtime, SandboxEntry};
 
@@ -52,11 +51,21 @@ fn quarantine(rt: &Runtime, id: &str, why: String) {
     lock(&rt.quarantine).sandboxes.insert(id.to_string(), why);
 }
 
-fn restore_one(rt: &Runtime, rec: SandboxRecord) {
+fn restore_one(rt: &Runtime, mut rec: SandboxRecord) {
+    // Records of older versions, brought to today's shape and written back at once.
+    let migrated = rec.migrate();
     let id = rec.id.clone();
     let name = rec.name.clone();
     let state = rec.state;
     let entry = SandboxEntry::new(rec);
+    if migrated {
+        match entry.update(|_| {}) {
+            Ok(()) => tracing::info!(sandbox_id = %id, "record migrated from an older format"),
+            Err(e) => {
+                tracing::warn!(sandbox_id = %id, error = %e, "cannot write the migrated record (kept in memory)")
+            }
+        }
+    }
     {
         let mut reg = lock(&rt.registry);
         if let Err(e) = reg.names.reserve(&name, &id) {
@@ -104,18 +113,9 @@ fn retry_given_up_network(rt: &Runtime, entry: &SandboxEntry) {
     if !rec.network.gave_up {
         return;
     }
-    if let Some(CacheEntry {
-        list,
-        mut attachment,
-        result,
-    }) = rt.cni.load_cache(&rec.id)
-    {
-        attachment.netns = None;
-        if rt
-            .host
-            .cni_del(&rt.cni, &list, &attachment, result.as_ref())
-            .is_ok()
-        {
+    if let Some(kept) = rt.cni.load_cache(&rec.id) {
+        // Its netns went with the given-up DEL's teardown: none is passed.
+        if super::network::del(rt, &rec.id, Some(kept), None, None).is_ok() {
             let _ = rt.cni.remove_cache(&rec.id);
             let _ = entry.update(|r| {
                 r.network.gave_up = false;

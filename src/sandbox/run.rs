@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::*;
-use crate::cni::{Attachment, CacheEntry, NetworkList};
+use crate::cni::{CacheEntry, NetworkList};
 use crate::config::InfraPolicy;
 use crate::error::{Error, HostError, Result};
 use crate::oci::{spec, ContainerFiles};
@@ -150,19 +150,11 @@ fn intents(rt: &Runtime, config: &PodSandboxConfig, plan: &Plan, r: &mut Sandbox
         .is_some()
         .then(|| rt.cfg.userns_dir.join(&ns_name));
     r.shm = (!config.host_ipc()).then(|| r.dir.join("shm"));
-    if let (Some(list), Some(netns)) = (&plan.network, &r.netns) {
+    if let (Some(list), Some(_)) = (&plan.network, &r.netns) {
         r.network.setup_started = true;
         r.network.cache = Some(CacheEntry {
             list: list.clone(),
-            attachment: Attachment {
-                container_id: r.id.clone(),
-                netns: Some(netns.clone()),
-                ifname: "eth0".into(),
-                pod_name: config.metadata.name.clone(),
-                pod_namespace: config.metadata.namespace.clone(),
-                pod_uid: config.metadata.uid.clone(),
-                port_mappings: config.port_mappings.clone(),
-            },
+            attachment: super::network::attachment(&r.id, Some(config)),
             result: None,
         });
     }
@@ -239,10 +231,8 @@ fn create(
             .map_err(|e| Error::InvalidArgument(format!("linux.sysctls: {e}")))?;
     }
 
-    if let Some(cache) = &rec.network.cache {
-        let result = rt
-            .host
-            .cni_add(&rt.cni, &cache.list, &cache.attachment)
+    if let (Some(cache), Some(netns)) = (&rec.network.cache, &rec.netns) {
+        let result = super::network::add(rt, cache, netns)
             .map_err(|e| Error::step("set up network", &id, e))?;
         // The attachment DEL needs, kept durably on its own at once: even if this record is
         // lost or corrupted later, the addresses can be released.

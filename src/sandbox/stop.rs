@@ -7,7 +7,6 @@
 use std::time::Duration;
 
 use super::*;
-use crate::cni::Attachment;
 use crate::error::{Error, Result};
 use crate::oci::ContainerFiles;
 use crate::{failpoint, lock, Runtime, SandboxEntry};
@@ -191,31 +190,12 @@ fn stop_containers(rt: &Runtime, id: &str) -> Result<()> {
 /// CNI DEL with the recorded config and result (or a cache file kept from a given-up
 /// attempt); an empty `CNI_NETNS` if the netns is gone.
 fn teardown_network(rt: &Runtime, rec: &SandboxRecord) -> Result<(), crate::cni::CniError> {
-    let netns = rec.netns.clone().filter(|p| rt.host.is_namespace(p));
-    let cached = rec
+    let kept = rec
         .network
         .cache
         .clone()
         .or_else(|| rt.cni.load_cache(&rec.id));
-    let (list, mut att, result) = match cached {
-        Some(c) => (c.list, c.attachment, c.result),
-        None => {
-            // No usable cache: DEL with today's config is the best that can be done.
-            let list = rt.network()?;
-            let att = Attachment {
-                container_id: rec.id.clone(),
-                netns: None,
-                ifname: "eth0".into(),
-                pod_name: rec.config.metadata.name.clone(),
-                pod_namespace: rec.config.metadata.namespace.clone(),
-                pod_uid: rec.config.metadata.uid.clone(),
-                port_mappings: rec.config.port_mappings.clone(),
-            };
-            (list, att, None)
-        }
-    };
-    att.netns = netns;
-    rt.host.cni_del(&rt.cni, &list, &att, result.as_ref())
+    super::network::del(rt, &rec.id, kept, Some(&rec.config), rec.netns.as_deref())
 }
 
 /// Stops the infra container with SIGKILL (it holds no state, and a PID-namespace init may
