@@ -186,7 +186,9 @@ pub async fn serve(
     listener: std::os::unix::net::UnixListener,
     socket: PathBuf,
     metrics: Option<std::net::TcpListener>,
-    shutdown: impl std::future::Future<Output = ()> + Send,
+    // Boxed, not generic: the whole gRPC stack is compiled once, in this crate, rather than
+    // again in every binary that calls this (half a minute of a fresh build).
+    shutdown: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
 ) -> Result<()> {
     use crate::api::v1::image_service_server::ImageServiceServer;
     use crate::api::v1::runtime_service_server::RuntimeServiceServer;

@@ -218,7 +218,7 @@ fn daemon(cfg: DaemonConfig) -> Result<(), sandboxd::Error> {
         listener,
         socket,
         metrics,
-        shutdown_signal(),
+        Box::pin(shutdown_signal()),
     ))?;
     tracing::info!("sandboxd stopped; pods keep running");
     Ok(())
