@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use super::*;
 use crate::error::{Error, HostError, Result};
+use crate::model::container::ContainerState;
 use crate::{lock, Runtime};
 
 /// `criu check`: `Ok(version)` where CRIU works, else why not.

@@ -5,9 +5,12 @@
 
 use std::path::{Path, PathBuf};
 
+use super::image_volume;
 use super::spec::{self, Inputs};
-use super::*;
 use crate::error::{Error, HostError, Result};
+use crate::model::container::{
+    ContainerConfig, ContainerRecord, ContainerState, EffectiveUser, Propagation, Seccomp,
+};
 use crate::model::sandbox::{NamespaceMode, SandboxRecord, SandboxState};
 use crate::state::now_nanos;
 use crate::{failpoint, lock, validate, ContainerEntry, Runtime};

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::status::require;
-use super::*;
 use crate::error::{Error, Result};
+use crate::model::container::{ContainerState, ExecResult};
 use crate::Runtime;
 
 /// Longest ExecSync output kept per stream (kubelet's own limit is 16 MiB).

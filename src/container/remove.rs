@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use super::stop::stop_locked;
-use super::*;
 use crate::error::{Error, Result};
 use crate::events::EventKind;
+use crate::model::container::ContainerState;
 use crate::{failpoint, lock, ContainerEntry, Runtime};
 
 /// RemoveContainer: force-stops, deletes it from the runtime, unmounts the rootfs, removes

@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use super::*;
 use crate::error::Result;
+use crate::model::container::{ContainerRecord, ContainerState};
 use crate::state::now_nanos;
 use crate::{lock, ContainerEntry, Runtime};
 

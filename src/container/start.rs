@@ -3,9 +3,9 @@
 //! `StartError`.
 
 use super::status::{refresh, require};
-use super::*;
 use crate::error::{Error, Result};
 use crate::events::EventKind;
+use crate::model::container::ContainerState;
 use crate::state::now_nanos;
 use crate::{failpoint, lock, Runtime};
 

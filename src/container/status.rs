@@ -1,8 +1,8 @@
 //! Container status: folds the exit the monitor recorded into the record (publishing the
 //! STOPPED event once), and the state checks the other verbs make.
 
-use super::*;
 use crate::error::{Error, Result};
+use crate::model::container::{ContainerRecord, ContainerState};
 use crate::state::now_nanos;
 use crate::{lock, ContainerEntry, Runtime};
 

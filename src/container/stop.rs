@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use super::status::{is_live, refresh};
-use super::*;
 use crate::error::{Error, Result};
 use crate::events::EventKind;
+use crate::model::container::ContainerState;
 use crate::state::now_nanos;
 use crate::{failpoint, lock, ContainerEntry, Runtime};
 

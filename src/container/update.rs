@@ -1,8 +1,8 @@
 //! UpdateContainerResources and ReopenContainerLog.
 
 use super::status::require;
-use super::*;
 use crate::error::{Error, HostError, Result};
+use crate::model::container::{ContainerState, Resources};
 use crate::{lock, Runtime};
 
 /// UpdateContainerResources: the runtime's `update` applies the new limits to the cgroup;

@@ -4,7 +4,7 @@ use crate::api::v1 as cri;
 use crate::api::v1::image_service_server::ImageService;
 use tonic::{Request, Response, Status};
 
-use super::*;
+use super::{client_deadline, codes, image, list_streams, verbose_info, CriService};
 
 #[tonic::async_trait]
 impl ImageService for CriService {

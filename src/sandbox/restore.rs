@@ -2,8 +2,8 @@
 //! reconcile Ready sandboxes against the runtime, and collect what no record references
 //! (namespace files with our prefix, record-less dirs, CNI cache entries, runtime containers).
 
-use super::*;
 use crate::error::Result;
+use crate::model::sandbox::{SandboxRecord, SandboxState};
 use crate::{lock, Runtime, SandboxEntry};
 
 pub(crate) fn restore(rt: &Runtime) -> Result<()> {

@@ -6,10 +6,13 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::*;
 use crate::cni::{CacheEntry, NetworkList};
 use crate::config::InfraPolicy;
 use crate::error::{Error, HostError, Result};
+use crate::model::sandbox::{
+    InfraMode, InfraRecord, NamespaceMode, NetworkRecord, PodSandboxConfig, SandboxRecord,
+    SandboxState, StopRecord,
+};
 use crate::oci::{spec, ContainerFiles};
 use crate::{failpoint, lock, validate, Runtime, SandboxEntry};
 

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use super::*;
 use crate::error::{Error, Result};
+use crate::model::sandbox::{InfraRecord, SandboxRecord, SandboxState, StopRecord};
 use crate::oci::ContainerFiles;
 use crate::{failpoint, lock, Runtime, SandboxEntry};
 
