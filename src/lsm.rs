@@ -4,22 +4,9 @@
 //! log: AppArmor's `RuntimeDefault` on a node with AppArmor but no `sandboxd-default` profile
 //! loaded runs the container unconfined (kubelet asks for it on every AppArmor node).
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::{Error, Result};
 
-/// CRI AppArmor profile choice.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum AppArmor {
-    /// Nothing asked.
-    #[default]
-    Unset,
-    RuntimeDefault,
-    Unconfined,
-    /// A profile loaded on the node, by name.
-    Localhost(String),
-}
+pub use crate::model::container::AppArmor;
 
 /// The profile the runtime's default stands for, when an operator loads one.
 pub const DEFAULT_APPARMOR_PROFILE: &str = "sandboxd-default";

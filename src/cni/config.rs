@@ -4,25 +4,13 @@
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::{Attachment, CniError};
+use super::{Attachment, CniError, NetworkList};
 use crate::config::DefaultNetwork;
 
 /// CNI versions whose results we understand (Debian's plugins speak up to 1.0.0).
 const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0"];
-
-/// A network config list: the unit of ADD and DEL.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NetworkList {
-    pub name: String,
-    pub cni_version: String,
-    /// The plugin configs, each a JSON object with at least `type`.
-    pub plugins: Vec<Value>,
-    /// Where it came from: a file path or `embedded`.
-    pub source: String,
-}
 
 pub(super) fn plugin_type(p: &Value) -> &str {
     p.get("type").and_then(Value::as_str).unwrap_or("")

@@ -9,10 +9,11 @@ mod exec;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use config::{embedded_default, load, NetworkList};
+/// The data CNI calls take and the record keeps (defined with the other record types).
+pub use crate::model::network::{Attachment, CacheEntry, NetworkList, PortMapping};
+pub use config::{embedded_default, load};
 pub use exec::find_plugin;
 
 /// CNI failures, each naming the config file or the plugin and the command.
@@ -43,52 +44,6 @@ pub enum CniError {
     /// Several plugins failed (DEL runs them all): every error, in the order they ran.
     #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
     Several(Vec<CniError>),
-}
-
-/// A port the pod exposes on the host (CNI `portMappings` capability).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PortMapping {
-    pub host_port: u16,
-    pub container_port: u16,
-    /// `tcp`, `udp` or `sctp`.
-    pub protocol: String,
-    #[serde(default, rename = "hostIP", skip_serializing_if = "String::is_empty")]
-    pub host_ip: String,
-}
-
-/// The pod as CNI sees it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Attachment {
-    /// `CNI_CONTAINERID`: the sandbox id.
-    pub container_id: String,
-    /// `CNI_NETNS`; `None` passes an empty value (the netns is gone: plugins clean up what
-    /// they can without it, as the spec allows for DEL).
-    pub netns: Option<PathBuf>,
-    pub ifname: String,
-    pub pod_name: String,
-    pub pod_namespace: String,
-    pub pod_uid: String,
-    pub port_mappings: Vec<PortMapping>,
-}
-
-impl Attachment {
-    /// `CNI_ARGS` for this pod, with the `K8S_POD_*` keys kubelet's runtimes pass.
-    pub fn cni_args(&self) -> String {
-        format!(
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={}",
-            self.pod_namespace, self.pod_name, self.container_id, self.pod_uid
-        )
-    }
-}
-
-/// What is cached per sandbox: the exact list used for ADD and, once ADD succeeded, its result.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CacheEntry {
-    pub list: NetworkList,
-    pub attachment: Attachment,
-    #[serde(default)]
-    pub result: Option<Value>,
 }
 
 /// Executes network lists with one set of plugin dirs and one per-plugin time limit.

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use sandboxd_shim_common::cli::StdinMode;
 use serde::{Deserialize, Serialize};
 
 pub use super::resources::Resources;
@@ -168,7 +167,7 @@ pub struct SecurityContext {
     /// Seccomp profile (CRI `seccomp`); ignored when privileged.
     pub seccomp: Seccomp,
     /// AppArmor profile (CRI `apparmor`, or the deprecated `apparmor_profile` string).
-    pub apparmor: crate::lsm::AppArmor,
+    pub apparmor: AppArmor,
     /// `user:role:type:level`, as CRI's `selinux_options` give it.
     pub selinux: [String; 4],
     /// The user namespace kubelet says the container is in (CRI `userns_options` in POD
@@ -342,19 +341,7 @@ impl ContainerRecord {
     }
     /// Where the record is persisted: `<dir>/state.json`.
     pub fn state_file(&self) -> PathBuf {
-        crate::state::Record::state_file(self)
-    }
-    /// The files its monitor reads and writes (pid, exit, logs, sockets) and its stdin mode.
-    pub fn files(&self) -> crate::oci::ContainerFiles {
-        let mut f = crate::oci::ContainerFiles::in_dir(&self.dir, self.log_path.clone());
-        f.attach_socket = self.attach_socket.clone();
-        f.console_socket = self.console_socket.clone();
-        f.stdin = match (self.config.stdin, self.config.stdin_once) {
-            (false, _) => StdinMode::None,
-            (true, false) => StdinMode::Open,
-            (true, true) => StdinMode::Once,
-        };
-        f
+        self.dir.join(super::STATE_FILE)
     }
     /// The state CRI reports (`Creating` is not a CRI state).
     pub fn cri_state(&self) -> ContainerState {
@@ -409,12 +396,17 @@ pub struct ExecResult {
     pub exit_code: i32,
 }
 
-impl crate::state::Record for ContainerRecord {
-    const KIND: &'static str = "container";
-    fn id(&self) -> &str {
-        &self.id
-    }
-    fn dir(&self) -> &std::path::Path {
-        &self.dir
-    }
+/// CRI AppArmor profile choice.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AppArmor {
+    /// Nothing asked.
+    #[default]
+    Unset,
+    /// The runtime's default profile.
+    RuntimeDefault,
+    /// No profile.
+    Unconfined,
+    /// A profile loaded on the node, by name.
+    Localhost(String),
 }

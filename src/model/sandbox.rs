@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cni::PortMapping;
+use super::network::PortMapping;
 
 /// CRI `NamespaceMode`. The default (`Pod`) is the proto's zero value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -74,29 +74,29 @@ impl IdMap {
     /// them: exactly one uid and one gid range, each mapping container id 0, not empty, not
     /// wrapping around, and not mapping the host's root into the pod (which would make root in
     /// the pod root on the node).
-    pub fn check(&self, field: &str) -> crate::Result<()> {
+    pub fn check(&self, field: &str) -> crate::error::Result<()> {
         let m = self;
         for (kind, ranges) in [("uids", &m.uids), ("gids", &m.gids)] {
             let [r] = ranges.as_slice() else {
-                return Err(crate::Error::InvalidArgument(format!(
+                return Err(crate::error::Error::InvalidArgument(format!(
                     "{field}.{kind}: exactly one mapping is supported, got {}",
                     ranges.len()
                 )));
             };
             if r.container_id != 0 || r.length == 0 {
-                return Err(crate::Error::InvalidArgument(format!(
+                return Err(crate::error::Error::InvalidArgument(format!(
                     "{field}.{kind}: the mapping {}:{}:{} leaves container id 0 unmapped",
                     r.container_id, r.host_id, r.length
                 )));
             }
             if r.host_id.checked_add(r.length - 1).is_none() {
-                return Err(crate::Error::InvalidArgument(format!(
+                return Err(crate::error::Error::InvalidArgument(format!(
                     "{field}.{kind}: host ids {}+{} run past the last id",
                     r.host_id, r.length
                 )));
             }
             if r.host_id == 0 {
-                return Err(crate::Error::InvalidArgument(format!(
+                return Err(crate::error::Error::InvalidArgument(format!(
                     "{field}.{kind}: the mapping starts at host id 0, which would make root in the pod the node's root"
                 )));
             }
@@ -270,7 +270,7 @@ pub struct NetworkRecord {
     pub gave_up: bool,
     /// The exact network list and pod attachment used for ADD (recorded before ADD) and, once
     /// ADD succeeded, its result: DEL uses them even if the conf dir changed since.
-    pub cache: Option<crate::cni::CacheEntry>,
+    pub cache: Option<super::network::CacheEntry>,
 }
 
 /// The infra container, when the pod has one.
@@ -437,7 +437,7 @@ impl SandboxRecord {
 
     /// Where the record is persisted: `<dir>/state.json`.
     pub fn state_file(&self) -> PathBuf {
-        crate::state::Record::state_file(self)
+        self.dir.join(super::STATE_FILE)
     }
 
     /// The infra container's bundle and monitor files: `<dir>/infra`.
@@ -446,7 +446,7 @@ impl SandboxRecord {
     }
 
     /// The pod's cgroup (records from before `pod_cgroup` existed: the parent in use then).
-    pub fn pod_cgroup(&self, cfg: &crate::Config) -> String {
+    pub fn pod_cgroup(&self, cfg: &crate::config::Config) -> String {
         let c = if !self.pod_cgroup.is_empty() {
             &self.pod_cgroup
         } else if !self.config.cgroup_parent.is_empty() {
@@ -480,15 +480,5 @@ impl SandboxFilter {
                 .labels
                 .iter()
                 .all(|(k, v)| r.config.labels.get(k) == Some(v))
-    }
-}
-
-impl crate::state::Record for SandboxRecord {
-    const KIND: &'static str = "sandbox";
-    fn id(&self) -> &str {
-        &self.id
-    }
-    fn dir(&self) -> &std::path::Path {
-        &self.dir
     }
 }

@@ -59,6 +59,21 @@ pub struct ContainerFiles {
     pub console_socket: Option<PathBuf>,
 }
 
+impl crate::model::container::ContainerRecord {
+    /// The files its monitor reads and writes (pid, exit, logs, sockets) and its stdin mode.
+    pub fn files(&self) -> ContainerFiles {
+        let mut f = ContainerFiles::in_dir(&self.dir, self.log_path.clone());
+        f.attach_socket = self.attach_socket.clone();
+        f.console_socket = self.console_socket.clone();
+        f.stdin = match (self.config.stdin, self.config.stdin_once) {
+            (false, _) => StdinMode::None,
+            (true, false) => StdinMode::Open,
+            (true, true) => StdinMode::Once,
+        };
+        f
+    }
+}
+
 impl ContainerFiles {
     /// Waits until the monitor wrote the exit file, or (monitor gone) the process is gone.
     pub fn wait_exit(&self, pid: i32, limit: Duration) -> Result<(), String> {

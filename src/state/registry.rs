@@ -26,7 +26,27 @@ pub trait Record: Serialize {
     /// The record's own dir (its state file lives in it).
     fn dir(&self) -> &Path;
     fn state_file(&self) -> PathBuf {
-        self.dir().join("state.json")
+        self.dir().join(crate::model::STATE_FILE)
+    }
+}
+
+impl Record for crate::model::container::ContainerRecord {
+    const KIND: &'static str = "container";
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+}
+
+impl Record for crate::model::sandbox::SandboxRecord {
+    const KIND: &'static str = "sandbox";
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 }
 
