@@ -163,10 +163,10 @@ pub struct Config {
     /// same at 1000 pods as at 10 (`oci::RuntimeMountNs`). Off: the host's namespace.
     pub runtime_mount_ns: bool,
     /// Per-registry pull settings (mirrors, plain HTTP), keyed by registry host[:port].
-    pub registries: BTreeMap<String, crate::image::RegistryConfig>,
+    pub registries: BTreeMap<String, RegistryConfig>,
     /// The image store: limits per layer, the free-space reserve, whether compressed layer
     /// blobs are kept, concurrent downloads per pull.
-    pub images: crate::image::StoreConfig,
+    pub images: StoreConfig,
     /// The streaming server (exec, port-forward URLs) the daemon runs.
     pub streaming: StreamingConfig,
     /// Where containers' writable layers live, when not in their dir under `root` — e.g. a
@@ -310,7 +310,7 @@ impl Default for Config {
             cgroup_parent: "/sandboxd".into(),
             cgroup_driver: CgroupDriver::Auto,
             stop_grace: Duration::ZERO,
-            stats_collect_period: crate::metrics::DEFAULT_STATS_PERIOD,
+            stats_collect_period: DEFAULT_STATS_PERIOD,
             runtime_mount_ns: true,
             registries: BTreeMap::new(),
             images: Default::default(),
@@ -385,6 +385,58 @@ pub fn find_in_path(name: &str) -> Option<PathBuf> {
         .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].map(PathBuf::from))
         .map(|d| d.join(name))
         .find(|p| p.is_file())
+}
+
+/// How often a container's writable-layer use is measured at most, by default.
+pub const DEFAULT_STATS_PERIOD: Duration = Duration::from_secs(10);
+
+/// Store settings (`[images]` in the config file).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StoreConfig {
+    /// Most bytes of one uncompressed layer.
+    pub max_layer_bytes: u64,
+    /// Most entries (files, dirs, links) in one layer.
+    pub max_layer_entries: u64,
+    /// Pulls and imports stop once the store's filesystem has less than this many bytes free.
+    pub min_free_bytes: u64,
+    /// Keep each layer's compressed blob while its image exists (only the unpacked layer is
+    /// needed to run containers; the blob costs the image's compressed size again).
+    pub keep_layer_blobs: bool,
+    /// Layers downloaded at once per pull.
+    pub max_concurrent_downloads: usize,
+    /// Pulls of distinct images at once; more wait their turn (a waiting pull whose callers
+    /// all leave is dropped from the queue). Each running pull costs a registry client,
+    /// connections and unpack threads.
+    pub max_concurrent_pulls: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            max_layer_bytes: 20 << 30,
+            max_layer_entries: 1_000_000,
+            min_free_bytes: 256 << 20,
+            keep_layer_blobs: false,
+            max_concurrent_downloads: 3,
+            max_concurrent_pulls: 16,
+        }
+    }
+}
+
+/// Per-registry settings (`[registries."host:port"]` in the config file).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RegistryConfig {
+    /// Endpoints tried before the registry itself, e.g. `http://127.0.0.1:5001` or
+    /// `https://mirror.example`; the repository path is kept.
+    pub mirrors: Vec<String>,
+    /// Plain HTTP allowed: HTTPS is tried first, then HTTP (as Docker does for insecure
+    /// registries; loopback registries are treated as insecure).
+    pub insecure: bool,
+    /// A PEM file of CA certificates trusted for this registry and its mirrors (besides the
+    /// system's roots).
+    pub ca_file: Option<PathBuf>,
 }
 
 /// How long an issued URL stays valid by default (kubelet's streaming cache uses one minute too).

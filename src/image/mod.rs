@@ -20,8 +20,10 @@ pub mod store;
 pub mod unpack;
 mod verbs;
 
-pub use pull::{Auth, RegistryConfig};
-pub use store::{ExecConfig, ImageRecord, ImageStore, StoreConfig};
+/// The image settings of the config file (defined with the rest of it).
+pub use crate::config::{RegistryConfig, StoreConfig};
+pub use pull::Auth;
+pub use store::{ExecConfig, ImageRecord, ImageStore};
 
 /// One caller's flag in a shared pull: raised when the caller stops waiting (see
 /// [`Runtime::pull_image_for`](crate::Runtime::pull_image_for)).

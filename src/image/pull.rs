@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::Digest;
 
@@ -24,22 +23,8 @@ use super::reference::Reference;
 use super::registry::{api_host, Creds, Registry, RegistryError};
 use super::store::{parse_config, ImageStore, NewImage, MAX_DOCUMENT};
 use super::ImageRecord;
+use crate::config::RegistryConfig;
 use crate::error::{Error, HostError, Result};
-
-/// Per-registry settings (`[registries."host:port"]` in the config file).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct RegistryConfig {
-    /// Endpoints tried before the registry itself, e.g. `http://127.0.0.1:5001` or
-    /// `https://mirror.example`; the repository path is kept.
-    pub mirrors: Vec<String>,
-    /// Plain HTTP allowed: HTTPS is tried first, then HTTP (as Docker does for insecure
-    /// registries; loopback registries are treated as insecure).
-    pub insecure: bool,
-    /// A PEM file of CA certificates trusted for this registry and its mirrors (besides the
-    /// system's roots).
-    pub ca_file: Option<PathBuf>,
-}
 
 /// Credentials from the request (CRI `AuthConfig`).
 #[derive(Clone, Default, PartialEq, Eq)]

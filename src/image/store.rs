@@ -24,6 +24,7 @@ use sha2::Digest;
 
 use super::reference::Reference;
 use super::unpack::{self, hex};
+use crate::config::StoreConfig;
 use crate::error::{Error, HostError, Result};
 
 /// Largest manifest, index or image config accepted (from a registry or an archive).
@@ -67,41 +68,6 @@ pub struct ImageRecord {
 #[serde(default)]
 struct Index {
     images: BTreeMap<String, ImageRecord>,
-}
-
-/// Store settings (`[images]` in the config file).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct StoreConfig {
-    /// Most bytes of one uncompressed layer.
-    pub max_layer_bytes: u64,
-    /// Most entries (files, dirs, links) in one layer.
-    pub max_layer_entries: u64,
-    /// Pulls and imports stop once the store's filesystem has less than this many bytes free.
-    pub min_free_bytes: u64,
-    /// Keep each layer's compressed blob while its image exists (only the unpacked layer is
-    /// needed to run containers; the blob costs the image's compressed size again).
-    pub keep_layer_blobs: bool,
-    /// Layers downloaded at once per pull.
-    pub max_concurrent_downloads: usize,
-    /// Pulls of distinct images at once; more wait their turn (a waiting pull whose callers
-    /// all leave is dropped from the queue). Each running pull costs a registry client,
-    /// connections and unpack threads.
-    pub max_concurrent_pulls: usize,
-}
-
-impl Default for StoreConfig {
-    fn default() -> Self {
-        let l = unpack::Limits::default();
-        StoreConfig {
-            max_layer_bytes: l.max_bytes,
-            max_layer_entries: l.max_entries,
-            min_free_bytes: l.min_free_bytes,
-            keep_layer_blobs: false,
-            max_concurrent_downloads: 3,
-            max_concurrent_pulls: 16,
-        }
-    }
 }
 
 /// The store; cheap to clone (clones share the pins of work in flight).

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The refresh period unless configured (containerd's `stats_collect_period` default).
-pub const DEFAULT_PERIOD: Duration = Duration::from_secs(10);
+pub const DEFAULT_PERIOD: Duration = crate::config::DEFAULT_STATS_PERIOD;
 
 /// Measurements queued for the refresher at most (a full queue drops one; it is asked again).
 const QUEUE: usize = 4096;

@@ -66,11 +66,13 @@ pub struct Limits {
 }
 
 impl Default for Limits {
+    /// The config's defaults (`[images]`).
     fn default() -> Self {
+        let c = crate::config::StoreConfig::default();
         Limits {
-            max_bytes: 20 << 30,
-            max_entries: 1_000_000,
-            min_free_bytes: 256 << 20,
+            max_bytes: c.max_layer_bytes,
+            max_entries: c.max_layer_entries,
+            min_free_bytes: c.min_free_bytes,
         }
     }
 }
