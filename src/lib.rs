@@ -51,6 +51,7 @@ pub mod netdev;
 pub mod netns;
 #[doc(hidden)]
 pub mod oci;
+mod open;
 #[doc(hidden)]
 pub mod probe;
 #[doc(hidden)]
@@ -151,191 +152,6 @@ pub(crate) use state::lock;
 const LIST_RECHECK_MS: u64 = 15_000;
 
 impl Runtime {
-    /// Opens (or creates) the state root, prepares the namespace dirs and the infra rootfs,
-    /// then restores every recorded sandbox: half-created ones are rolled back, the rest are
-    /// registered again with their names; unreferenced leftovers are collected.
-    pub fn new(cfg: Config) -> Result<Self> {
-        Self::with_host(cfg, Arc::new(host::RealHost))
-    }
-
-    /// [`Runtime::new`] with the pod lifecycle's host operations going to `host`.
-    pub(crate) fn with_host(cfg: Config, host: Arc<dyn Host>) -> Result<Self> {
-        let rt = Self::open(cfg, host)?;
-        // Containers first: a sandbox rolled back on restore removes its containers, and
-        // the collection of unreferenced runtime containers must know every container.
-        container::restore::load(&rt)?;
-        sandbox::restore::restore(&rt)?;
-        container::restore::reconcile(&rt);
-        // Blobs and layers nothing references (left by older versions, or by a crash between
-        // an image's removal and its collection).
-        if let Err(e) = rt.images.collect(&rt.layers_in_use()) {
-            tracing::warn!(error = %e, "cannot collect unused image content");
-        }
-        rt.events.restored();
-        Ok(rt)
-    }
-
-    fn open(cfg: Config, host: Arc<dyn Host>) -> Result<Self> {
-        check_root(&cfg.root)?;
-        // Refuse an unusable pause binary before anything is created.
-        let pause = Config::helper_path(&cfg.pause_path, "sandboxd-pause").filter(|p| p.is_file());
-        if let Some(p) = &pause {
-            if oci::spec::is_dynamic_elf(p)? {
-                return Err(Error::Config(format!(
-                    "{} is dynamically linked; the infra rootfs holds only this one file, so it \
-                     must be static (build it with scripts/build-shims)",
-                    p.display()
-                )));
-            }
-        }
-        // Nothing under the root is any other user's business: every dir 0700 from the
-        // start (and made so on a root an older version left more open).
-        // (The root itself stays traversable while pods in user namespaces use it: see
-        // `userns::pod_root_dir`.)
-        state::files::private_dir_all(&cfg.root)?;
-        std::fs::set_permissions(
-            &cfg.root,
-            std::os::unix::fs::PermissionsExt::from_mode(userns::root_mode(&cfg.root)),
-        )
-        .map_err(|e| error::HostError::io("chmod", &cfg.root, e))?;
-        for d in [
-            "sandboxes",
-            "containers",
-            "images",
-            "cni",
-            "cni/cache",
-            "cni/networks",
-            "runtime",
-            "attach",
-            "exec",
-        ] {
-            let p = cfg.root.join(d);
-            state::files::private_dir_all(&p)?;
-            state::files::restrict_dir(&p)?;
-        }
-        for d in cfg.namespace_dirs() {
-            host.make_shared_dir(d)?;
-        }
-        let cgroup_driver = cgroups::Driver::resolve(cfg.cgroup_driver).map_err(Error::Config)?;
-        let cdi = cdi::Registry::new(cfg.cdi_spec_dirs.clone());
-        let nri = nri::Nri::new(&cfg.nri)?;
-        let monitor = Config::helper_path(&cfg.monitor_path, "sandboxd-monitor");
-        let mount_ns = if cfg.runtime_mount_ns {
-            let pins: Vec<&Path> = cfg.namespace_dirs().iter().map(|d| d.as_path()).collect();
-            match oci::RuntimeMountNs::new(&cfg.root, &pins) {
-                Ok(ns) => Some(ns),
-                Err(e) => {
-                    tracing::warn!(error = %e, "the OCI runtime runs in the host's mount namespace");
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        let mut runtimes = HashMap::new();
-        // Each handler's family and the flags it needs on this host (probed in parallel: a
-        // runtime that hangs on `--version` costs its own time limit once, not one each).
-        let resolved = probe::resolve_handlers(&cfg.runtimes)?;
-        for (name, h) in &cfg.runtimes {
-            validate::name("runtime handler", name)?;
-            let probe::Resolved {
-                family,
-                path,
-                host_args,
-            } = resolved[name].clone();
-            runtimes.insert(
-                name.clone(),
-                OciRuntime {
-                    name: name.clone(),
-                    family,
-                    path,
-                    // With systemd, the runtime makes each container's scope itself.
-                    args: (cgroup_driver == cgroups::Driver::Systemd)
-                        .then(|| "--systemd-cgroup".to_string())
-                        .into_iter()
-                        .chain(host_args)
-                        .chain(h.runtime_args.iter().cloned())
-                        .collect(),
-                    root: h
-                        .root
-                        .clone()
-                        .unwrap_or_else(|| cfg.root.join("runtime").join(name)),
-                    monitor: monitor
-                        .as_deref()
-                        .map(absolute_if_relative)
-                        .unwrap_or_else(|| PathBuf::from("sandboxd-monitor")),
-                    timeout: cfg.runtime_timeout,
-                    mount_ns: mount_ns.clone().filter(|_| family.node_kernel()),
-                },
-            );
-        }
-        if !runtimes.contains_key(&cfg.default_runtime) {
-            return Err(Error::Config(format!(
-                "default runtime {:?} is not among the configured handlers {:?}",
-                cfg.default_runtime,
-                runtimes.keys().collect::<Vec<_>>()
-            )));
-        }
-        let infra_rootfs = match pause {
-            Some(pause) => {
-                let dir = cfg.root.join("infra-rootfs");
-                match oci::spec::prepare_infra_rootfs(&dir, &pause).map_err(Error::from) {
-                    Ok(()) => Some(dir),
-                    // A start on a full disk degrades rather than refuses: the pause binary
-                    // installed before serves on (or, without one, pods that need an infra
-                    // process are refused); everything else works.
-                    Err(e) if e.is_no_space() => {
-                        let old = dir.join("pause").is_file();
-                        tracing::warn!(error = %e, keeping_installed = old, "cannot install the new pause binary: the state disk is full");
-                        old.then_some(dir)
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            _ => None,
-        };
-        let cni = Cni {
-            bin_dirs: cfg.cni_bin_dirs.clone(),
-            timeout: cfg.cni_plugin_timeout,
-            cache_dir: cfg.root.join("cni/cache"),
-        };
-        let root_tag = short_hash(&cfg.root.to_string_lossy());
-        let cfg_budget = cfg.exec_sync_output_budget as usize;
-        let stats_period = cfg.stats_collect_period;
-        let (events_backlog, events_max) = (cfg.events_backlog, cfg.events_max_subscribers);
-        let events_bytes = cfg.events_backlog_bytes;
-        let images = image::ImageStore::with_config(cfg.root.join("images"), cfg.images.clone())?;
-        // What an interrupted pull or import left behind: its process is gone (or, for names
-        // from before the pid was in them, older than any running one).
-        images.clean_tmp(std::time::Duration::from_secs(3600));
-        let pull_slots = tokio::sync::Semaphore::new(cfg.images.max_concurrent_pulls.max(1));
-        Ok(Runtime {
-            cfg,
-            registry: Mutex::new(Registry::default()),
-            cni,
-            runtimes,
-            images,
-            pulls: Mutex::new(HashMap::new()),
-            pull_slots,
-            infra_rootfs,
-            root_tag,
-            quarantine: Mutex::new(state::Quarantine::default()),
-            exec_output: process::OutputBudget::new(cfg_budget),
-            exec_slots: container::exec::ExecSlots::default(),
-            events: Arc::new(
-                events::Hub::new(events_backlog, events_max).with_max_bytes(events_bytes),
-            ),
-            metrics: Arc::new(metrics::prom::DaemonMetrics::new()),
-            probe: probe::Probe::default(),
-            fs_usage: metrics::FsUsageCache::new(stats_period),
-            exit_watch: events::watch::ExitWatcher::new(),
-            host,
-            cgroup_driver,
-            cdi,
-            nri,
-        })
-    }
-
     /// The configuration the runtime was opened with.
     pub fn config(&self) -> &Config {
         &self.cfg
@@ -685,29 +501,6 @@ impl Runtime {
     }
 }
 
-/// The state root must not be a symlink (an attacker-made link would move our writes).
-fn check_root(root: &Path) -> Result<()> {
-    if !root.is_absolute() {
-        return Err(Error::Config(format!(
-            "state root {} must be an absolute path",
-            root.display()
-        )));
-    }
-    match std::fs::symlink_metadata(root) {
-        Ok(m) if m.file_type().is_symlink() => Err(Error::Config(format!(
-            "state root {} is a symlink; refusing to use it",
-            root.display()
-        ))),
-        Ok(m) if !m.is_dir() => Err(Error::Config(format!(
-            "state root {} is not a directory",
-            root.display()
-        ))),
-        _ => Ok(()),
-    }
-}
-
-/// The prefix of every namespace file a runtime on state root `root` creates
-/// (`sandboxd-<root tag>-`), for tools and tests that clean up after one instance.
 fn ns_file_prefix(root: &Path) -> String {
     format!("sandboxd-{}-", short_hash(&root.to_string_lossy()))
 }
@@ -720,37 +513,4 @@ pub(crate) fn short_hash(s: &str) -> String {
         h = h.wrapping_mul(0x0100_0193);
     }
     format!("{h:08x}")
-}
-
-/// `p` made absolute against the current dir when it is a relative path with a dir in it (a
-/// bare name is looked up in PATH and stays as it is).
-fn absolute_if_relative(p: &Path) -> PathBuf {
-    if p.is_relative() && p.components().count() > 1 {
-        std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
-    } else {
-        p.to_path_buf()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::absolute_if_relative;
-    use std::path::{Path, PathBuf};
-
-    #[test]
-    fn runtime_paths_do_not_depend_on_the_working_dir() {
-        let cwd = std::env::current_dir().unwrap();
-        assert_eq!(
-            absolute_if_relative(Path::new("./bin/runc")),
-            cwd.join("bin/runc")
-        );
-        assert_eq!(
-            absolute_if_relative(Path::new("runc")),
-            PathBuf::from("runc")
-        );
-        assert_eq!(
-            absolute_if_relative(Path::new("/usr/sbin/runc")),
-            PathBuf::from("/usr/sbin/runc")
-        );
-    }
 }
