@@ -126,7 +126,7 @@ pub(crate) fn teardown(rt: &Runtime, entry: &ContainerEntry) -> Result<()> {
     match rt.handler(&rec.runtime_handler) {
         Ok(runtime) => {
             let files = rec.files();
-            if let Err(e) = runtime.delete(&rec.id, &files.runtime_log) {
+            if let Err(e) = rt.host.runtime_delete(runtime, &rec.id, &files.runtime_log) {
                 errors.push(Error::step("delete container", &rec.id, e));
             }
         }
@@ -136,11 +136,11 @@ pub(crate) fn teardown(rt: &Runtime, entry: &ContainerEntry) -> Result<()> {
     // The runtime removes the container's cgroup with the container; one a create left
     // half-made (the runtime never recorded the container) is ours to remove.
     if !rec.cgroup.is_empty() {
-        if let Err(e) = crate::cgroups::remove(&rec.cgroup) {
+        if let Err(e) = rt.host.remove_cgroup(&rec.cgroup) {
             errors.push(Error::step("remove container cgroup", &rec.id, e));
         }
     }
-    if let Err(e) = crate::mounts::unmount_all(&rec.rootfs()) {
+    if let Err(e) = rt.host.unmount_all(&rec.rootfs()) {
         errors.push(Error::step("unmount rootfs", &rec.id, e));
     }
     if rec.userns_dir.is_some() {

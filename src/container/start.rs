@@ -36,12 +36,12 @@ pub(crate) fn start(rt: &Runtime, id: &str) -> Result<()> {
     let files = rec.files();
     let started_call = match monitor_stdio(&rec.dir, files.monitor_pid()) {
         Some(stdio) => runtime.start_with_stdio(&rec.id, &files.runtime_log, stdio),
-        None => runtime.start(&rec.id, &files.runtime_log),
+        None => rt.host.runtime_start(runtime, &rec.id, &files.runtime_log),
     };
     if let Err(e) = started_call {
         // It may have started anyway (an earlier start whose answer was lost): the runtime
         // says.
-        if matches!(runtime.state(&rec.id), Ok(Some(s)) if s.status == "running") {
+        if matches!(rt.host.runtime_state(runtime, &rec.id), Ok(Some(s)) if s.status == "running") {
             tracing::info!(container_id = %rec.id, error = %e, "start failed, but the container runs: it was started before");
             entry.update(|r| {
                 r.state = ContainerState::Running;

@@ -35,10 +35,13 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &ContainerEntry, timeout: Duratio
         // with the first signal, the grace and SIGKILL still follow.
         let signal = crate::signals::number(&rec.stop_signal)
             .map_or_else(|| rec.stop_signal.clone(), |n| n.to_string());
-        match runtime.kill(&rec.id, &signal, all, &files.runtime_log) {
+        match rt
+            .host
+            .runtime_kill(runtime, &rec.id, &signal, all, &files.runtime_log)
+        {
             Ok(()) => {
                 failpoint::hit("stopctr:signalled");
-                if files.wait_exit(rec.pid, timeout).is_ok() {
+                if rt.host.wait_exit(&files, rec.pid, timeout).is_ok() {
                     refresh(rt, entry);
                     return finish_stop(rt, entry);
                 }
@@ -50,12 +53,12 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &ContainerEntry, timeout: Duratio
             }
         }
     }
-    runtime
-        .kill(&rec.id, "KILL", all, &files.runtime_log)
+    rt.host
+        .runtime_kill(runtime, &rec.id, "KILL", all, &files.runtime_log)
         .map_err(|e| Error::step("kill container", &rec.id, e))?;
     failpoint::hit("stopctr:killed");
-    files
-        .wait_exit(rec.pid, Duration::from_secs(10))
+    rt.host
+        .wait_exit(&files, rec.pid, Duration::from_secs(10))
         .map_err(|e| Error::step("kill container", &rec.id, e))?;
     refresh(rt, entry);
     finish_stop(rt, entry)

@@ -7,6 +7,7 @@
 //! what to fail, drives the public lifecycle calls, and asserts the fake's call log and what
 //! is left (registry, record on disk, CNI cache, the fake's model of the host).
 
+mod containers;
 mod restore;
 mod run;
 mod stop;
