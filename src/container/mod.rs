@@ -7,6 +7,7 @@
 
 pub mod checkpoint;
 pub(crate) mod create;
+mod devices;
 pub(crate) mod exec;
 pub(crate) mod image_volume;
 pub(crate) mod remove;
