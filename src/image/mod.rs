@@ -1,11 +1,13 @@
 //! Images: references (`reference.rs`), the content store (`store.rs`), layer unpacking
-//! (`unpack.rs`), imports from archives and layouts (`archive.rs`), and pulls (`pull.rs`)
-//! through a bounded registry client (`registry.rs`), with their progress (`progress.rs`);
+//! (`unpack.rs`), imports from archives and layouts (`archive.rs`), and pulls (`pull.rs`,
+//! which registry and credentials in `endpoints.rs`) through a bounded registry client
+//! (`registry.rs`), with their progress (`progress.rs`);
 //! OCI artifacts that are no runnable image (`artifact.rs`).
 
 #[doc(hidden)]
 pub mod archive;
 mod artifact;
+mod endpoints;
 #[doc(hidden)]
 pub mod progress;
 #[doc(hidden)]
@@ -22,7 +24,7 @@ mod verbs;
 
 /// The image settings of the config file (defined with the rest of it).
 pub use crate::config::{RegistryConfig, StoreConfig};
-pub use pull::Auth;
+pub use endpoints::Auth;
 pub use store::{ExecConfig, ImageRecord, ImageStore};
 
 /// One caller's flag in a shared pull: raised when the caller stops waiting (see
