@@ -75,8 +75,8 @@ impl Runtime {
     /// or its trial container failed. `None` while it is being tried.
     pub(crate) fn handler_unusable(&self, handler: &str) -> Option<String> {
         let rt = self.handler(handler).ok()?;
-        if !rt.path.is_file() {
-            return Some(format!("binary {} not found", rt.path.display()));
+        if let Some(why) = crate::probe::missing_binary(&rt.path) {
+            return Some(why);
         }
         match self.handler_readiness(handler) {
             crate::probe::Readiness::NotReady(why) => Some(why),

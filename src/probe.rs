@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Once, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, Once, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::config::RuntimeHandler;
@@ -45,14 +45,24 @@ pub(crate) struct Resolved {
     pub host_args: Vec<String>,
 }
 
+/// What the trials found so far, and how many are still running (one thread per handler: a
+/// hung runtime delays only its own answer). `changed` is signalled when a trial ends.
+#[derive(Default)]
+struct Results {
+    state: Mutex<TrialState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct TrialState {
+    found: BTreeMap<String, Readiness>,
+    running: usize,
+}
+
 /// The probe's results, held by the runtime.
 pub(crate) struct Probe {
-    handlers: Arc<Mutex<BTreeMap<String, Readiness>>>,
+    results: Arc<Results>,
     trials: Once,
-    /// The trials' threads (one per handler: a hung runtime delays only its own answer):
-    /// waited for, up to [`DROP_WAIT`], when the runtime is dropped, so that a test's
-    /// clean-up does not race a trial container being made.
-    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     cancel: Arc<AtomicBool>,
     /// Whether pods can have user namespaces here (`userns::probe`, tried at first need).
     pub userns: OnceLock<std::result::Result<(), String>>,
@@ -61,28 +71,60 @@ pub(crate) struct Probe {
 impl Default for Probe {
     fn default() -> Self {
         Probe {
-            handlers: Default::default(),
+            results: Default::default(),
             trials: Once::new(),
-            threads: Mutex::new(Vec::new()),
             cancel: Arc::default(),
             userns: OnceLock::new(),
         }
     }
 }
 
-/// How long a dropped runtime waits for trials in progress.
+/// How long a dropped runtime waits for trials in progress, so that a test's clean-up does
+/// not race a trial container being made.
 const DROP_WAIT: Duration = Duration::from_secs(10);
+
+impl Results {
+    /// Waits (up to `limit`) while `busy` holds of the state; returns the state then.
+    fn wait_while(
+        &self,
+        limit: Duration,
+        busy: impl FnMut(&mut TrialState) -> bool,
+    ) -> std::sync::MutexGuard<'_, TrialState> {
+        let guard = crate::lock(&self.state);
+        match self.changed.wait_timeout_while(guard, limit, busy) {
+            Ok((g, _)) => g,
+            Err(poisoned) => poisoned.into_inner().0,
+        }
+    }
+
+    fn set(&self, handler: &str, r: Readiness) {
+        crate::lock(&self.state)
+            .found
+            .insert(handler.to_string(), r);
+    }
+}
+
+/// A trial in progress: counted out when its thread ends, however it ends.
+struct Running(Arc<Results>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        crate::lock(&self.0.state).running -= 1;
+        self.0.changed.notify_all();
+    }
+}
 
 impl Probe {
     /// Skips the trials not begun and waits up to `limit` for those in progress.
     fn stop(&self, limit: Duration) {
         self.cancel.store(true, Ordering::Relaxed);
-        let deadline = Instant::now() + limit;
-        let threads = std::mem::take(&mut *crate::lock(&self.threads));
-        while Instant::now() < deadline && threads.iter().any(|t| !t.is_finished()) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        drop(self.results.wait_while(limit, |s| s.running > 0));
     }
+}
+
+/// Why a handler cannot run anything here without trying it: its binary is missing.
+pub(crate) fn missing_binary(path: &Path) -> Option<String> {
+    (!path.is_file()).then(|| format!("binary {} not found", path.display()))
 }
 
 impl Drop for Probe {
@@ -152,7 +194,7 @@ struct Trial {
     dir: PathBuf,
     driver: crate::cgroups::Driver,
     cgroup_parent: String,
-    results: Arc<Mutex<BTreeMap<String, Readiness>>>,
+    results: Arc<Results>,
     cancel: Arc<AtomicBool>,
 }
 
@@ -161,27 +203,29 @@ impl crate::Runtime {
     /// before serving; [`health`](Self::health) calls it too).
     pub fn probe_handlers(&self) {
         self.probe.trials.call_once(|| {
-            let mut threads = crate::lock(&self.probe.threads);
             for rt in self.runtimes.values() {
-                crate::lock(&self.probe.handlers).insert(rt.name.clone(), Readiness::Probing);
+                {
+                    let mut s = crate::lock(&self.probe.results.state);
+                    s.found.insert(rt.name.clone(), Readiness::Probing);
+                    s.running += 1;
+                }
                 let t = Trial {
                     rt: rt.clone(),
                     infra_rootfs: self.infra_rootfs.clone(),
                     dir: self.cfg.root.join("probe"),
                     driver: self.cgroup_driver,
                     cgroup_parent: self.cfg.cgroup_parent.clone(),
-                    results: self.probe.handlers.clone(),
+                    results: self.probe.results.clone(),
                     cancel: self.probe.cancel.clone(),
                 };
-                match std::thread::Builder::new()
+                if let Err(e) = std::thread::Builder::new()
                     .name(format!("probe-{}", rt.name))
                     .spawn(move || t.run())
                 {
-                    Ok(t) => threads.push(t),
-                    Err(e) => {
-                        tracing::warn!(handler = %rt.name, error = %e, "cannot start the handler's probe");
-                        crate::lock(&self.probe.handlers).insert(rt.name.clone(), Readiness::NotProbed);
-                    }
+                    tracing::warn!(handler = %rt.name, error = %e, "cannot start the handler's probe");
+                    let mut s = crate::lock(&self.probe.results.state);
+                    s.found.insert(rt.name.clone(), Readiness::NotProbed);
+                    s.running -= 1;
                 }
             }
         });
@@ -200,7 +244,8 @@ impl crate::Runtime {
         } else {
             handler
         };
-        crate::lock(&self.probe.handlers)
+        crate::lock(&self.probe.results.state)
+            .found
             .get(name)
             .cloned()
             .unwrap_or(Readiness::NotProbed)
@@ -210,24 +255,21 @@ impl crate::Runtime {
     /// returns what it found of each.
     pub fn wait_probed(&self, limit: Duration) -> BTreeMap<String, Readiness> {
         self.probe_handlers();
-        let deadline = Instant::now() + limit;
-        loop {
-            let now = crate::lock(&self.probe.handlers).clone();
-            if Instant::now() >= deadline || !now.values().any(|r| *r == Readiness::Probing) {
-                return now;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let s = self.probe.results.wait_while(limit, |s| {
+            s.found.values().any(|r| *r == Readiness::Probing)
+        });
+        s.found.clone()
     }
 }
 
 impl Trial {
     fn run(self) {
+        let _running = Running(self.results.clone());
         let rt = &self.rt;
         let found = if self.cancel.load(Ordering::Relaxed) {
             Readiness::NotProbed
-        } else if !rt.path.is_file() {
-            Readiness::NotReady(format!("binary {} not found", rt.path.display()))
+        } else if let Some(why) = missing_binary(&rt.path) {
+            Readiness::NotReady(why)
         } else if let Some(rootfs) = &self.infra_rootfs {
             let started = Instant::now();
             let r = match self.trial(rt, rootfs) {
@@ -245,7 +287,7 @@ impl Trial {
             // Nothing to try with: offered as before, its first pod will tell.
             Readiness::NotProbed
         };
-        crate::lock(&self.results).insert(rt.name.clone(), found);
+        self.results.set(&rt.name, found);
         // The last trial out removes the shared dir (the others' dirs keep it until then).
         let _ = std::fs::remove_dir(&self.dir);
     }

@@ -253,8 +253,13 @@ impl OciRuntime {
         match process::run_with_stdio(c, [None, None, stderr], self.timeout) {
             Ok(st) if st.success() => Ok(()),
             Ok(st) => {
-                let text = std::fs::read(&stderr_path).unwrap_or_default();
-                let text = String::from_utf8_lossy(&text[..text.len().min(4096)]);
+                // The runtime's stderr is read only as far as an error message goes.
+                let mut text = Vec::new();
+                if let Ok(f) = std::fs::File::open(&stderr_path) {
+                    let _ =
+                        std::io::Read::read_to_end(&mut std::io::Read::take(f, 4096), &mut text);
+                }
+                let text = String::from_utf8_lossy(&text);
                 let msg = last_log_error(log)
                     .or_else(|| Some(text.trim().to_string()).filter(|t| !t.is_empty()))
                     .unwrap_or_else(|| format!("exited with {st}"));
