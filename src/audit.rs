@@ -17,104 +17,25 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::{lock, validate, Runtime};
+use crate::runtime::Runtime;
+use crate::state::lock;
+use crate::validate;
 
-/// A kind of host object the daemon makes, in the order [`fix`] removes them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    /// A container in one of our OCI runtimes' state roots.
-    RuntimeContainer,
-    /// A CNI cache entry: the pod's attachment (and so its IPAM reservation) was never DELeted.
-    CniCache,
-    /// A mount under the state root's pod or container dirs (shm, rootfs).
-    Mount,
-    /// A namespace file carrying this root's tag (netns, ipc, uts, user).
-    Namespace,
-    /// `<root>/sandboxes/<id>`.
-    SandboxDir,
-    /// `<root>/containers/<id>`.
-    ContainerDir,
-    /// `<root>/userns/<id>`.
-    UsernsDir,
-    /// An attach socket or exec console under `<root>/attach` and `<root>/exec`.
-    Socket,
-    /// An image store `tmp/` entry whose pull or import is gone (a half-unpacked layer).
-    PartialPull,
-    /// A layer dir or blob in the image store that no image, container or pull references.
-    UnusedImageContent,
-    /// A pod cgroup of ours under the configured `cgroup_parent` (last: its processes must be
-    /// gone first).
-    Cgroup,
-}
+pub use crate::model::audit::{Kind, Orphan, Report};
 
-impl Kind {
-    /// Every kind, in removal order.
-    pub const ALL: [Kind; 11] = [
-        Kind::RuntimeContainer,
-        Kind::CniCache,
-        Kind::Mount,
-        Kind::Namespace,
-        Kind::SandboxDir,
-        Kind::ContainerDir,
-        Kind::UsernsDir,
-        Kind::Socket,
-        Kind::PartialPull,
-        Kind::UnusedImageContent,
-        Kind::Cgroup,
-    ];
-
-    /// The kind's name in metrics and `sandboxctl doctor`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::RuntimeContainer => "runtime_container",
-            Kind::CniCache => "cni_cache",
-            Kind::Mount => "mount",
-            Kind::Namespace => "namespace",
-            Kind::SandboxDir => "sandbox_dir",
-            Kind::ContainerDir => "container_dir",
-            Kind::UsernsDir => "userns_dir",
-            Kind::Socket => "socket",
-            Kind::PartialPull => "partial_pull",
-            Kind::UnusedImageContent => "unused_image_content",
-            Kind::Cgroup => "cgroup",
-        }
-    }
-}
-
-/// One host object no record owns.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Orphan {
-    /// What it is.
-    pub kind: Kind,
-    /// The pod or container id it was made for, where its name tells.
-    pub owner: String,
-    /// Where it is on the host.
-    pub path: PathBuf,
-    /// Since it last changed (the path's mtime), where the host tells.
-    pub age: Option<Duration>,
-    /// For [`fix`]: removed, or why not.
-    pub fixed: Option<std::result::Result<(), String>>,
-}
-
-/// What one audit found.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Report {
-    /// Each orphan found, by kind in removal order.
-    pub orphans: Vec<Orphan>,
-    /// How long the audit took.
-    pub took: Duration,
-    /// When it ended.
-    pub at: Option<SystemTime>,
-}
-
-impl Report {
-    /// Orphans of each kind (every kind present, zero included).
-    pub fn counts(&self) -> Vec<(Kind, usize)> {
-        Kind::ALL
-            .iter()
-            .map(|k| (*k, self.orphans.iter().filter(|o| o.kind == *k).count()))
-            .collect()
+/// The start-up sweep, once the records are restored: what no record references now is an
+/// orphan of the last run (a crash between a host step and the record naming it), collected
+/// at once by the audit's own finders, in teardown order. The image store's kinds are left to
+/// its own start-up work (`tmp/` when it opens, unused content once containers are
+/// reconciled). `sandboxctl doctor` lists what appears later.
+pub(crate) fn sweep_at_start(rt: &Runtime) {
+    let swept: usize = Kind::ALL
+        .into_iter()
+        .filter(|k| !matches!(k, Kind::PartialPull | Kind::UnusedImageContent))
+        .map(|k| collect(rt, k, std::time::Duration::ZERO).len())
+        .sum();
+    if swept > 0 {
+        tracing::info!(orphans = swept, "collected what the last run left");
     }
 }
 
@@ -450,7 +371,7 @@ fn remove(rt: &Runtime, o: &Orphan) -> std::result::Result<(), String> {
             rt.host
                 .unmount_all(&o.path.join("rootfs"))
                 .map_err(|e| e.to_string())?;
-            crate::state::remove_record_dir(&o.path).map_err(|e| e.to_string())
+            crate::mounts::remove_record_dir(&o.path).map_err(|e| e.to_string())
         }
         Kind::Socket => {
             std::fs::remove_file(&o.path).map_err(|e| format!("remove {}: {e}", o.path.display()))

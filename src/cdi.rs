@@ -129,7 +129,7 @@ impl Registry {
 
     /// The loaded state, read again first if any spec file changed.
     fn refreshed(&self) -> std::sync::MutexGuard<'_, Loaded> {
-        let mut l = crate::lock(&self.loaded);
+        let mut l = crate::state::lock(&self.loaded);
         let stamp = stamp(&self.dirs);
         if l.cache.is_none() || l.stamp != stamp {
             *l = load(&self.dirs, stamp);

@@ -2,12 +2,12 @@
 //! whose plugins exist), what each runtime handler can do on this host, and the records
 //! quarantined at start-up.
 
-use crate::Runtime;
+use crate::runtime::Runtime;
 
 /// One runtime handler and the features it has here.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HandlerStatus {
-    /// The handler's name, a key of [`Config::runtimes`](crate::Config::runtimes); the
+    /// The handler's name, a key of [`Config::runtimes`](crate::config::Config::runtimes); the
     /// default handler is listed once more under the empty name.
     pub name: String,
     /// Recursively read-only mounts are made by the daemon itself (open_tree +

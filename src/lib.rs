@@ -56,6 +56,7 @@ mod open;
 pub mod probe;
 #[doc(hidden)]
 pub mod process;
+mod runtime;
 #[doc(hidden)]
 pub mod sandbox;
 #[doc(hidden)]
@@ -64,13 +65,12 @@ pub mod state;
 pub mod sysctl;
 #[doc(hidden)]
 pub mod untrusted_fs;
+mod usage;
 mod userns;
 #[doc(hidden)]
 pub mod validate;
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 pub use config::{Config, InfraPolicy, RuntimeHandler};
 pub use container::{
@@ -84,105 +84,30 @@ pub use sandbox::{
     SandboxFilter, SandboxRecord, SandboxState, SandboxStatus,
 };
 
-use crate::cni::Cni;
-use crate::host::Host;
-use crate::oci::OciRuntime;
-
-/// One sandbox in memory (see [`state::Entry`]).
-pub(crate) type SandboxEntry = state::Entry<SandboxRecord>;
-/// One container in memory. Lock order: a sandbox's `op` before any of its containers' `op`.
-pub(crate) type ContainerEntry = state::Entry<ContainerRecord>;
-pub(crate) type Registry = state::Registry<SandboxRecord, ContainerRecord>;
-
-/// The sandbox runtime: all state lives under `config.root` and is restored by [`Runtime::new`].
-pub struct Runtime {
-    pub(crate) cfg: Config,
-    pub(crate) registry: Mutex<Registry>,
-    pub(crate) cni: Cni,
-    pub(crate) runtimes: HashMap<String, OciRuntime>,
-    /// Images for application containers (`<root>/images`).
-    pub(crate) images: image::ImageStore,
-    /// Pulls in flight, by reference: concurrent pulls of one image share one download.
-    pub(crate) pulls: Mutex<HashMap<String, Arc<PullCell>>>,
-    /// Pulls that may run at once (`[images] max_concurrent_pulls`).
-    pub(crate) pull_slots: tokio::sync::Semaphore,
-    /// The shared read-only infra rootfs (present when a pause binary was found).
-    pub(crate) infra_rootfs: Option<PathBuf>,
-    /// Short tag of the state root, part of every namespace file name, so several daemons
-    /// sharing a netns dir never collect each other's files.
-    pub(crate) root_tag: String,
-    /// Records found unreadable at start-up (left alone until removed explicitly).
-    pub(crate) quarantine: Mutex<state::Quarantine>,
-    /// ExecSync calls running, per container and in all (`exec_sync_max*`).
-    pub(crate) exec_slots: container::exec::ExecSlots,
-    /// ExecSync output kept by all calls at once (`exec_sync_output_budget`).
-    pub(crate) exec_output: Arc<process::OutputBudget>,
-    /// Lifecycle events for GetContainerEvents subscribers.
-    pub(crate) events: Arc<events::Hub>,
-    /// Learns container exits as the monitors record them (see [`Runtime::watch_exits`]).
-    pub(crate) exit_watch: events::watch::ExitWatcher,
-    /// The daemon's own operation metrics (served with `--metrics-address`).
-    pub(crate) metrics: Arc<metrics::prom::DaemonMetrics>,
-    /// Containers' writable-layer use, measured at most every few seconds.
-    pub(crate) fs_usage: metrics::FsUsageCache,
-    /// What the host probe found (`probe`): the handlers' trials, user namespaces.
-    pub(crate) probe: probe::Probe,
-    /// The host operations the pod lifecycle orders (`host/`): the real host, or a
-    /// recording fake in the unit tests.
-    pub(crate) host: Arc<dyn Host>,
-    /// Who manages the pods' cgroups (the config's `cgroup_driver`, resolved at start).
-    pub(crate) cgroup_driver: cgroups::Driver,
-    /// The node's CDI devices.
-    pub(crate) cdi: cdi::Registry,
-    /// NRI plugins: their socket, their hooks in the verbs (see `nri/`).
-    pub(crate) nri: nri::Nri,
-}
-
-/// The outcome of one pull, shared by everyone who asked for it while it ran.
-pub(crate) struct PullCell {
-    result: std::sync::OnceLock<std::result::Result<image::ImageRecord, Error>>,
-    /// Everyone waiting for this pull; when every one has gone, the pull is abandoned.
-    callers: Mutex<Vec<image::PullCaller>>,
-}
-
-pub(crate) use state::lock;
-
-/// A list re-checks a container the exit watcher covers only when the watcher's own sweep
-/// (every [`events::watch::SWEEP`]) has not for this long.
-const LIST_RECHECK_MS: u64 = 15_000;
+pub use runtime::Runtime;
 
 impl Runtime {
-    /// The configuration the runtime was opened with.
-    pub fn config(&self) -> &Config {
-        &self.cfg
-    }
-
-    /// The cgroup driver in use (RuntimeConfig reports it to kubelet).
-    pub fn cgroup_driver(&self) -> cgroups::Driver {
-        self.cgroup_driver
-    }
-
-    /// The CDI devices containers can ask for (qualified name → spec file), and the spec
-    /// files that could not be used (file → why).
-    pub fn cdi_devices(&self) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
-        self.cdi.listing()
+    /// Starts learning container exits as the monitors record them (one thread, which ends
+    /// with the runtime), so STOPPED events go out at once. Without it, exits are folded in
+    /// by the next query.
+    pub fn watch_exits(self: &Arc<Self>) -> Result<()> {
+        self.exit_watch
+            .spawn(Arc::downgrade(self), |rt: &Runtime, id| {
+                if sandbox::infra::on_watch_event(rt, id) {
+                    return;
+                }
+                if let Ok(Some(e)) = rt.find_container(id) {
+                    container::status::refresh(rt, &e);
+                }
+            })
+            .map_err(|e| Error::Config(format!("cannot start the exit watcher: {e}")))
     }
 
     /// Starts NRI (`[nri]`): the pre-installed plugins and the socket external ones connect
     /// to. The daemon calls it at start; a library user that wants plugins calls it once.
     pub fn start_nri(self: &Arc<Self>) -> Result<()> {
-        self.nri.start(Arc::new(nri::Domain(Arc::downgrade(self))))
-    }
-
-    /// The NRI plugins connected now, in the order they are called.
-    pub fn nri_plugins(&self) -> Vec<nri::PluginInfo> {
-        self.nri.plugins()
-    }
-
-    /// A pod's cgroup as the daemon names it: a path (cgroupfs) or a slice (systemd; its
-    /// directory is `cgroups::systemd::fs_path` of it).
-    pub fn pod_cgroup(&self, sandbox_id: &str) -> Result<String> {
-        Ok(self.sandbox_record(sandbox_id)?.pod_cgroup(&self.cfg))
+        self.nri
+            .start(Arc::new(container::nri::Domain(Arc::downgrade(self))))
     }
 
     /// RunPodSandbox: returns the new (or, for a retried request, the existing) sandbox id.
@@ -202,106 +127,12 @@ impl Runtime {
 
     /// PodSandboxStatus; an unknown id is `NotFound`.
     pub fn pod_sandbox_status(&self, id: &str) -> Result<SandboxStatus> {
-        if let Some(entry) = self.lookup(id)? {
-            let full = lock(&entry.record).id.clone();
-            if self.nri.hides(&full) {
-                return Err(Error::NotFound {
-                    kind: "sandbox",
-                    id: id.to_string(),
-                });
-            }
-            sandbox::infra::check_unwatched(self, &entry);
-            return Ok(lock(&entry.record).status());
-        }
-        let q = lock(&self.quarantine).sandboxes.clone();
-        match state::Quarantine::find(&q, id) {
-            Some(full) => Ok(self.quarantined_status(&full, &q[&full])),
-            None => Err(Error::NotFound {
-                kind: "sandbox",
-                id: id.to_string(),
-            }),
-        }
+        sandbox::status::status(self, id)
     }
 
     /// ListPodSandbox, oldest first.
     pub fn list_pod_sandboxes(&self, filter: &SandboxFilter) -> Vec<SandboxStatus> {
-        let entries: Vec<_> = lock(&self.registry).sandboxes.values().cloned().collect();
-        let mut out: Vec<SandboxStatus> = entries
-            .iter()
-            .map(|e| lock(&e.record).clone())
-            .filter(|r| filter.matches(r) && !self.nri.hides(&r.id))
-            .map(|r| r.status())
-            .collect();
-        // Quarantined pods too, NotReady with what is known, so that kubelet's garbage
-        // collector removes them (RemovePodSandbox finishes their teardown).
-        let quarantined = lock(&self.quarantine).sandboxes.clone();
-        out.extend(
-            quarantined
-                .iter()
-                .filter(|(id, _)| {
-                    filter
-                        .id_prefix
-                        .as_ref()
-                        .is_none_or(|p| id.starts_with(p.as_str()))
-                        && filter.state.is_none_or(|s| s == SandboxState::NotReady)
-                        && filter.labels.is_empty()
-                })
-                .map(|(id, why)| self.quarantined_status(id, why)),
-        );
-        out.sort_by_key(|s| (s.created_at, s.id.clone()));
-        out
-    }
-
-    /// What is known of a quarantined sandbox (its record unreadable): NotReady, the pod's
-    /// name, namespace and uid from its CNI attachment (kept apart from the record), created
-    /// when its dir was, and why in the annotation `io.sandboxd.quarantined`.
-    fn quarantined_status(&self, id: &str, why: &str) -> SandboxStatus {
-        let att = self.cni.load_cache(id).map(|c| c.attachment);
-        let created_at = std::fs::metadata(self.cfg.root.join("sandboxes").join(id))
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_nanos() as i64);
-        SandboxStatus {
-            id: id.to_string(),
-            metadata: PodSandboxMetadata {
-                name: att.as_ref().map(|a| a.pod_name.clone()).unwrap_or_default(),
-                namespace: att
-                    .as_ref()
-                    .map(|a| a.pod_namespace.clone())
-                    .unwrap_or_default(),
-                uid: att.as_ref().map(|a| a.pod_uid.clone()).unwrap_or_default(),
-                attempt: 0,
-            },
-            state: SandboxState::NotReady,
-            created_at,
-            ips: Vec::new(),
-            netns_path: None,
-            namespace_options: Default::default(),
-            labels: Default::default(),
-            annotations: [("io.sandboxd.quarantined".to_string(), why.to_string())].into(),
-            runtime_handler: String::new(),
-            infra_mode: sandbox::InfraMode::Pinned,
-            infra_pid: None,
-            network_error: None,
-            user_namespace: None,
-        }
-    }
-
-    /// Records found unreadable at start-up, one line each (`sandbox <id>: <why>`): nothing
-    /// they may name is collected until RemovePodSandbox / RemoveContainer of that id.
-    pub fn quarantined(&self) -> Vec<String> {
-        lock(&self.quarantine).describe()
-    }
-
-    /// The full record (for verbose status and tests).
-    pub fn sandbox_record(&self, id: &str) -> Result<SandboxRecord> {
-        let entry = self.lookup(id)?.ok_or_else(|| Error::NotFound {
-            kind: "sandbox",
-            id: id.to_string(),
-        })?;
-        let r = lock(&entry.record).clone();
-        Ok(r)
+        sandbox::status::list(self, filter)
     }
 
     /// CreateContainer in a ready sandbox; returns the container id.
@@ -327,33 +158,12 @@ impl Runtime {
     /// ContainerStatus (with the exit folded in if the container has exited); an unknown id
     /// is `NotFound`.
     pub fn container_status(&self, id: &str) -> Result<ContainerRecord> {
-        let e = self.container_entry(id)?;
-        if self.nri.hides(&lock(&e.record).id) {
-            return Err(Error::NotFound {
-                kind: "container",
-                id: id.to_string(),
-            });
-        }
-        Ok(container::status::refresh(self, &e))
-    }
-
-    /// The record as it stands (no refresh).
-    pub fn container_record(&self, id: &str) -> Result<ContainerRecord> {
-        let e = self.container_entry(id)?;
-        let r = lock(&e.record).clone();
-        Ok(r)
+        container::status::status(self, id)
     }
 
     /// ListContainers, oldest first.
     pub fn list_containers(&self, filter: &ContainerFilter) -> Vec<ContainerRecord> {
-        let entries: Vec<_> = lock(&self.registry).containers.values().cloned().collect();
-        let mut out: Vec<ContainerRecord> = entries
-            .iter()
-            .map(|e| container::status::refresh_within(self, e, LIST_RECHECK_MS))
-            .filter(|r| filter.matches(r) && !self.nri.hides(&r.id))
-            .collect();
-        out.sort_by_key(|r| (r.created_at, r.id.clone()));
-        out
+        container::status::list(self, filter)
     }
 
     /// ExecSync: runs `cmd` in a running container; past `timeout` (zero = none) the
@@ -409,108 +219,4 @@ impl Runtime {
     ) -> Result<()> {
         container::update::update_resources(self, id, resources)
     }
-
-    /// New resources for a container as an NRI plugin asks on its own: applied without
-    /// asking the plugins again.
-    pub(crate) fn apply_container_resources(
-        &self,
-        id: &str,
-        resources: &container::Resources,
-    ) -> Result<()> {
-        container::update::apply_resources(self, id, resources)
-    }
-
-    /// CPU and memory use of a whole pod (its cgroup, which holds every container's).
-    pub fn pod_usage(&self, id: &str) -> Result<cgroups::Usage> {
-        let r = self.sandbox_record(id)?;
-        Ok(cgroups::usage(&r.pod_cgroup(&self.cfg)))
-    }
-
-    /// CPU and memory use of a container, from its cgroup.
-    pub fn container_usage(&self, id: &str) -> Result<cgroups::Usage> {
-        Ok(cgroups::usage(&self.container_record(id)?.cgroup))
-    }
-
-    pub(crate) fn find_container(&self, id: &str) -> Result<Option<Arc<ContainerEntry>>> {
-        let reg = lock(&self.registry);
-        let Some(full) = reg.container_ids.resolve(id)? else {
-            return Ok(None);
-        };
-        Ok(reg.containers.get(&full).cloned())
-    }
-
-    pub(crate) fn container_entry(&self, id: &str) -> Result<Arc<ContainerEntry>> {
-        self.find_container(id)?.ok_or_else(|| Error::NotFound {
-            kind: "container",
-            id: id.to_string(),
-        })
-    }
-
-    /// The containers of one sandbox.
-    pub(crate) fn containers_of(&self, sandbox_id: &str) -> Vec<Arc<ContainerEntry>> {
-        lock(&self.registry)
-            .containers
-            .values()
-            .filter(|e| lock(&e.record).sandbox_id == sandbox_id)
-            .cloned()
-            .collect()
-    }
-
-    /// The CNI network a new sandbox would join: the first valid config file; the embedded
-    /// default when the conf dir has no config file at all; an error when it has only
-    /// invalid ones.
-    pub fn network(&self) -> std::result::Result<cni::NetworkList, cni::CniError> {
-        Ok(cni::load(&self.cfg.cni_conf_dir)?.unwrap_or_else(|| {
-            cni::embedded_default(
-                &self.cfg.default_network,
-                &self.cfg.root.join("cni/networks"),
-            )
-        }))
-    }
-
-    /// Resolves an id or unique prefix to the registered entry.
-    pub(crate) fn lookup(&self, id: &str) -> Result<Option<Arc<SandboxEntry>>> {
-        let reg = lock(&self.registry);
-        let Some(full) = reg.ids.resolve(id)? else {
-            return Ok(None);
-        };
-        Ok(reg.sandboxes.get(&full).cloned())
-    }
-
-    pub(crate) fn handler(&self, name: &str) -> Result<&OciRuntime> {
-        let name = if name.is_empty() {
-            &self.cfg.default_runtime
-        } else {
-            name
-        };
-        self.runtimes.get(name).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "unknown runtime handler {name:?} (configured: {:?})",
-                self.runtimes.keys().collect::<Vec<_>>()
-            ))
-        })
-    }
-
-    /// Namespace file name for a sandbox: `sandboxd-<root tag>-<id prefix>`.
-    pub(crate) fn ns_name(&self, id: &str) -> String {
-        format!("sandboxd-{}-{}", self.root_tag, &id[..16])
-    }
-
-    pub(crate) fn ns_prefix(&self) -> String {
-        ns_file_prefix(&self.cfg.root)
-    }
-}
-
-fn ns_file_prefix(root: &Path) -> String {
-    format!("sandboxd-{}-", short_hash(&root.to_string_lossy()))
-}
-
-/// 8 hex chars of FNV-1a: a stable tag, not a security boundary.
-pub(crate) fn short_hash(s: &str) -> String {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in s.bytes() {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    format!("{h:08x}")
 }

@@ -266,6 +266,18 @@ fn mount_root_attr(path: &Path) -> Option<bool> {
     (r == 0 && known).then_some(st.stx_attributes & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0)
 }
 
+/// Removes a record directory tree. Missing is success. Refuses to follow a symlink.
+pub fn remove_record_dir(dir: &Path) -> Result<(), HostError> {
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(HostError::io("inspect", dir, e)),
+        Ok(m) if m.file_type().is_symlink() => {
+            std::fs::remove_file(dir).map_err(|e| HostError::io("remove symlink", dir, e))
+        }
+        Ok(_) => remove_tree(dir),
+    }
+}
+
 /// Removes a directory tree without ever descending into a mount inside it (a container's
 /// rootfs, a pod's shm, a bind mount of a host dir): each mount found is lazily unmounted
 /// first, so a removal can never delete what another filesystem holds. Missing is success.

@@ -11,9 +11,11 @@ use crate::config::Config;
 use crate::error::{self, Error, Result};
 use crate::host::{self, Host};
 use crate::oci::{self, OciRuntime};
+use crate::runtime::{Registry, Runtime};
+use crate::state::short_hash;
 use crate::{
-    cdi, cgroups, container, events, image, metrics, nri, probe, process, sandbox, short_hash,
-    state, userns, validate, Registry, Runtime,
+    cdi, cgroups, container, events, image, metrics, nri, probe, process, sandbox, state, userns,
+    validate,
 };
 
 impl Runtime {
@@ -31,6 +33,7 @@ impl Runtime {
         // the collection of unreferenced runtime containers must know every container.
         container::restore::load(&rt)?;
         sandbox::restore::restore(&rt)?;
+        crate::audit::sweep_at_start(&rt);
         container::restore::reconcile(&rt);
         // Blobs and layers nothing references (left by older versions, or by a crash between
         // an image's removal and its collection).
@@ -187,7 +190,7 @@ impl Runtime {
             root_tag,
             quarantine: Mutex::new(state::Quarantine::default()),
             exec_output: process::OutputBudget::new(cfg_budget),
-            exec_slots: container::exec::ExecSlots::default(),
+            exec_slots: process::ExecSlots::default(),
             events: Arc::new(
                 events::Hub::new(events_backlog, events_max).with_max_bytes(events_bytes),
             ),

@@ -90,7 +90,7 @@ impl Results {
         limit: Duration,
         busy: impl FnMut(&mut TrialState) -> bool,
     ) -> std::sync::MutexGuard<'_, TrialState> {
-        let guard = crate::lock(&self.state);
+        let guard = crate::state::lock(&self.state);
         match self.changed.wait_timeout_while(guard, limit, busy) {
             Ok((g, _)) => g,
             Err(poisoned) => poisoned.into_inner().0,
@@ -98,7 +98,7 @@ impl Results {
     }
 
     fn set(&self, handler: &str, r: Readiness) {
-        crate::lock(&self.state)
+        crate::state::lock(&self.state)
             .found
             .insert(handler.to_string(), r);
     }
@@ -109,14 +109,14 @@ struct Running(Arc<Results>);
 
 impl Drop for Running {
     fn drop(&mut self) {
-        crate::lock(&self.0.state).running -= 1;
+        crate::state::lock(&self.0.state).running -= 1;
         self.0.changed.notify_all();
     }
 }
 
 impl Probe {
     /// Skips the trials not begun and waits up to `limit` for those in progress.
-    fn stop(&self, limit: Duration) {
+    pub(crate) fn stop(&self, limit: Duration) {
         self.cancel.store(true, Ordering::Relaxed);
         drop(self.results.wait_while(limit, |s| s.running > 0));
     }
@@ -198,32 +198,45 @@ struct Trial {
     cancel: Arc<AtomicBool>,
 }
 
-impl crate::Runtime {
-    /// Starts the handlers' trial containers in the background, once (the daemon calls it
-    /// before serving; [`health`](Self::health) calls it too).
-    pub fn probe_handlers(&self) {
-        self.probe.trials.call_once(|| {
-            for rt in self.runtimes.values() {
+/// Where the trials run: the infra rootfs they are built on, their dir, and the pods' cgroup
+/// parent and driver.
+pub(crate) struct TrialPlace {
+    pub infra_rootfs: Option<PathBuf>,
+    pub dir: PathBuf,
+    pub driver: crate::cgroups::Driver,
+    pub cgroup_parent: String,
+}
+
+impl Probe {
+    /// Starts one trial container per handler in the background, once.
+    pub(crate) fn start<'a>(
+        &self,
+        handlers: impl Iterator<Item = &'a OciRuntime>,
+        place: impl FnOnce() -> TrialPlace,
+    ) {
+        self.trials.call_once(|| {
+            let place = place();
+            for rt in handlers {
                 {
-                    let mut s = crate::lock(&self.probe.results.state);
+                    let mut s = crate::state::lock(&self.results.state);
                     s.found.insert(rt.name.clone(), Readiness::Probing);
                     s.running += 1;
                 }
                 let t = Trial {
                     rt: rt.clone(),
-                    infra_rootfs: self.infra_rootfs.clone(),
-                    dir: self.cfg.root.join("probe"),
-                    driver: self.cgroup_driver,
-                    cgroup_parent: self.cfg.cgroup_parent.clone(),
-                    results: self.probe.results.clone(),
-                    cancel: self.probe.cancel.clone(),
+                    infra_rootfs: place.infra_rootfs.clone(),
+                    dir: place.dir.clone(),
+                    driver: place.driver,
+                    cgroup_parent: place.cgroup_parent.clone(),
+                    results: self.results.clone(),
+                    cancel: self.cancel.clone(),
                 };
                 if let Err(e) = std::thread::Builder::new()
                     .name(format!("probe-{}", rt.name))
                     .spawn(move || t.run())
                 {
                     tracing::warn!(handler = %rt.name, error = %e, "cannot start the handler's probe");
-                    let mut s = crate::lock(&self.probe.results.state);
+                    let mut s = crate::state::lock(&self.results.state);
                     s.found.insert(rt.name.clone(), Readiness::NotProbed);
                     s.running -= 1;
                 }
@@ -231,31 +244,18 @@ impl crate::Runtime {
         });
     }
 
-    /// Ends the probe before the daemon exits: trials not begun are skipped, those in
-    /// progress are waited for (up to `limit`) so that none is left half-made.
-    pub fn stop_probe(&self, limit: Duration) {
-        self.probe.stop(limit);
-    }
-
-    /// What the probe found of `handler` (the default one for an empty name).
-    pub fn handler_readiness(&self, handler: &str) -> Readiness {
-        let name = if handler.is_empty() {
-            &self.cfg.default_runtime
-        } else {
-            handler
-        };
-        crate::lock(&self.probe.results.state)
+    /// What the probe found of handler `name`.
+    pub(crate) fn readiness(&self, name: &str) -> Readiness {
+        crate::state::lock(&self.results.state)
             .found
             .get(name)
             .cloned()
             .unwrap_or(Readiness::NotProbed)
     }
 
-    /// Starts the probe if needed and waits (up to `limit`) until no handler is being tried;
-    /// returns what it found of each.
-    pub fn wait_probed(&self, limit: Duration) -> BTreeMap<String, Readiness> {
-        self.probe_handlers();
-        let s = self.probe.results.wait_while(limit, |s| {
+    /// Waits (up to `limit`) until no handler is being tried; what it found of each.
+    pub(crate) fn wait(&self, limit: Duration) -> BTreeMap<String, Readiness> {
+        let s = self.results.wait_while(limit, |s| {
             s.found.values().any(|r| *r == Readiness::Probing)
         });
         s.found.clone()
@@ -295,7 +295,7 @@ impl Trial {
     /// One trial container of `rt`, built like an infra container in a new network
     /// namespace, created and deleted; its dir and cgroup go with it.
     fn trial(&self, rt: &OciRuntime, rootfs: &Path) -> std::result::Result<(), String> {
-        let id = format!("probe{}", crate::short_hash(&rt.name));
+        let id = format!("probe{}", crate::state::short_hash(&rt.name));
         let dir = self.dir.join(&rt.name);
         let pod_cgroup = self.driver.own_pod_cgroup(&self.cgroup_parent, &id);
         let trial = OciRuntime {

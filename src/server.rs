@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Config, Error, Result, Runtime};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::Runtime;
 
 /// Default socket path.
 pub const DEFAULT_SOCKET: &str = "/run/sandboxd/sandboxd.sock";

@@ -453,7 +453,7 @@ pub fn probe(scratch: &Path) -> Result<(), String> {
 /// every other dir under the root stays 0700.
 pub fn pod_root_dir(root: &Path, id: &str, owner: (u32, u32)) -> Result<PathBuf, HostError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let _modes = crate::lock(&ROOT_MODES);
+    let _modes = crate::state::lock(&ROOT_MODES);
     let parent = root.join(DIR);
     for d in [root, &parent] {
         match std::fs::DirBuilder::new().mode(0o711).create(d) {
@@ -488,9 +488,9 @@ static ROOT_MODES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// before the first pod in a user namespace — not at the next restart.
 pub fn remove_pod_root_dir(root: &Path, id: &str) -> Result<(), HostError> {
     use std::os::unix::fs::PermissionsExt;
-    let _modes = crate::lock(&ROOT_MODES);
+    let _modes = crate::state::lock(&ROOT_MODES);
     let parent = root.join(DIR);
-    crate::state::remove_record_dir(&parent.join(id))?;
+    crate::mounts::remove_record_dir(&parent.join(id))?;
     let empty = std::fs::read_dir(&parent).is_ok_and(|mut d| d.next().is_none());
     if empty {
         for d in [&parent, &root.to_path_buf()] {

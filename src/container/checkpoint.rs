@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use crate::error::{Error, HostError, Result};
 use crate::model::container::ContainerState;
-use crate::{lock, Runtime};
+use crate::runtime::Runtime;
+use crate::state::lock;
 
 /// `criu check`: `Ok(version)` where CRIU works, else why not.
 pub fn criu_probe() -> &'static std::result::Result<String, String> {

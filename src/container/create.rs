@@ -13,8 +13,10 @@ use crate::model::container::{
     ContainerConfig, ContainerRecord, ContainerState, EffectiveUser, Propagation, Seccomp,
 };
 use crate::model::sandbox::{NamespaceMode, SandboxRecord, SandboxState};
+use crate::runtime::{ContainerEntry, Runtime};
+use crate::state::lock;
 use crate::state::now_nanos;
-use crate::{failpoint, lock, validate, ContainerEntry, Runtime};
+use crate::{failpoint, validate};
 
 pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -> Result<String> {
     spec::validate(config)?;

@@ -10,6 +10,7 @@ pub(crate) mod create;
 mod devices;
 pub(crate) mod exec;
 pub(crate) mod image_volume;
+pub(crate) mod nri;
 pub(crate) mod remove;
 pub(crate) mod restore;
 pub mod rootfs_diff;

@@ -5,8 +5,10 @@ use std::time::Duration;
 use super::stop::stop_locked;
 use crate::error::{Error, Result};
 use crate::events::EventKind;
+use crate::failpoint;
 use crate::model::container::ContainerState;
-use crate::{failpoint, lock, ContainerEntry, Runtime};
+use crate::runtime::{ContainerEntry, Runtime};
+use crate::state::lock;
 
 /// RemoveContainer: force-stops, deletes it from the runtime, unmounts the rootfs, removes
 /// its dir and log, releases its name. An unknown id is success.
@@ -54,7 +56,7 @@ fn finish_quarantined(rt: &Runtime, id: &str) -> Result<()> {
         let _ = std::fs::remove_file(sock);
     }
     if errors.is_empty() {
-        if let Err(e) = crate::state::remove_record_dir(&dir) {
+        if let Err(e) = crate::mounts::remove_record_dir(&dir) {
             errors.push(Error::step("remove container dir", id, e));
         }
     }
@@ -150,7 +152,7 @@ pub(crate) fn teardown(rt: &Runtime, entry: &ContainerEntry) -> Result<()> {
         }
     }
     if let Some(d) = &rec.storage_dir {
-        if let Err(e) = crate::state::remove_record_dir(d) {
+        if let Err(e) = crate::mounts::remove_record_dir(d) {
             errors.push(Error::step("remove writable layer", &rec.id, e));
         }
     }
@@ -162,7 +164,7 @@ pub(crate) fn teardown(rt: &Runtime, entry: &ContainerEntry) -> Result<()> {
         let _ = std::fs::remove_file(sock);
     }
     Error::collect(errors)?;
-    crate::state::remove_record_dir(&rec.dir)
+    crate::mounts::remove_record_dir(&rec.dir)
         .map_err(|e| Error::step("remove container dir", &rec.id, e))?;
     failpoint::hit("removectr:dir");
     Ok(())

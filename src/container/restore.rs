@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::model::container::{ContainerRecord, ContainerState};
+use crate::runtime::{ContainerEntry, Runtime};
+use crate::state::lock;
 use crate::state::now_nanos;
-use crate::{lock, ContainerEntry, Runtime};
 
 pub(crate) fn load(rt: &Runtime) -> Result<()> {
     let dir = rt.cfg.root.join("containers");
@@ -23,7 +24,7 @@ pub(crate) fn load(rt: &Runtime) -> Result<()> {
                 // possibly the rootfs mount.
                 tracing::info!(container_id = %id, "removing container dir without a record");
                 let _ = crate::mounts::unmount_all(&path.join("rootfs"));
-                if let Err(e) = crate::state::remove_record_dir(&path) {
+                if let Err(e) = crate::mounts::remove_record_dir(&path) {
                     tracing::warn!(container_id = %id, error = %e, "cannot remove orphan container dir");
                 }
             }

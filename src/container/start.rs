@@ -5,9 +5,11 @@
 use super::status::{refresh, require};
 use crate::error::{Error, Result};
 use crate::events::EventKind;
+use crate::failpoint;
 use crate::model::container::ContainerState;
+use crate::runtime::Runtime;
+use crate::state::lock;
 use crate::state::now_nanos;
-use crate::{failpoint, lock, Runtime};
 
 pub(crate) fn start(rt: &Runtime, id: &str) -> Result<()> {
     let entry = rt.container_entry(id)?;

@@ -2,29 +2,38 @@
 //! STOPPED event once), and the state checks the other verbs make.
 
 use crate::error::{Error, Result};
-use crate::model::container::{ContainerRecord, ContainerState};
+use crate::model::container::{ContainerFilter, ContainerRecord, ContainerState};
+use crate::runtime::{ContainerEntry, Runtime};
+use crate::state::lock;
 use crate::state::now_nanos;
-use crate::{lock, ContainerEntry, Runtime};
 
-impl Runtime {
-    /// Starts learning container exits as the monitors record them (one thread, which ends
-    /// with the runtime), so STOPPED events go out at once. Without it, exits are folded in
-    /// by the next query.
-    pub fn watch_exits(self: &std::sync::Arc<Self>) -> crate::Result<()> {
-        self.exit_watch
-            .spawn(
-                std::sync::Arc::downgrade(self),
-                |rt: &crate::Runtime, id| {
-                    if crate::sandbox::infra::on_watch_event(rt, id) {
-                        return;
-                    }
-                    if let Ok(Some(e)) = rt.find_container(id) {
-                        refresh(rt, &e);
-                    }
-                },
-            )
-            .map_err(|e| crate::Error::Config(format!("cannot start the exit watcher: {e}")))
+/// A list re-checks a container the exit watcher covers only when the watcher's own sweep
+/// (every [`crate::events::watch::SWEEP`]) has not for this long.
+const LIST_RECHECK_MS: u64 = 15_000;
+
+/// ContainerStatus (with the exit folded in if the container has exited); an unknown id
+/// is `NotFound`.
+pub(crate) fn status(rt: &Runtime, id: &str) -> Result<ContainerRecord> {
+    let e = rt.container_entry(id)?;
+    if rt.nri.hides(&lock(&e.record).id) {
+        return Err(Error::NotFound {
+            kind: "container",
+            id: id.to_string(),
+        });
     }
+    Ok(refresh(rt, &e))
+}
+
+/// ListContainers, oldest first.
+pub(crate) fn list(rt: &Runtime, filter: &ContainerFilter) -> Vec<ContainerRecord> {
+    let entries: Vec<_> = lock(&rt.registry).containers.values().cloned().collect();
+    let mut out: Vec<ContainerRecord> = entries
+        .iter()
+        .map(|e| refresh_within(rt, e, LIST_RECHECK_MS))
+        .filter(|r| filter.matches(r) && !rt.nri.hides(&r.id))
+        .collect();
+    out.sort_by_key(|r| (r.created_at, r.id.clone()));
+    out
 }
 
 /// Folds an exit the monitor recorded into the record (persisted once), publishing the

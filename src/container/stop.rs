@@ -5,9 +5,11 @@ use std::time::Duration;
 use super::status::{is_live, refresh};
 use crate::error::{Error, Result};
 use crate::events::EventKind;
+use crate::failpoint;
 use crate::model::container::ContainerState;
+use crate::runtime::{ContainerEntry, Runtime};
+use crate::state::lock;
 use crate::state::now_nanos;
-use crate::{failpoint, lock, ContainerEntry, Runtime};
 
 /// StopContainer: the stop signal, `timeout` to exit, then SIGKILL. Zero timeout kills now.
 /// A container that is not running (or unknown) is success.

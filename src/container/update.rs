@@ -3,7 +3,8 @@
 use super::status::require;
 use crate::error::{Error, HostError, Result};
 use crate::model::container::{ContainerState, Resources};
-use crate::{lock, Runtime};
+use crate::runtime::Runtime;
+use crate::state::lock;
 
 /// UpdateContainerResources: the runtime's `update` applies the new limits to the cgroup;
 /// the record keeps them for status.

@@ -5,11 +5,11 @@ use crate::api::v1 as cri;
 
 /// `RuntimeHealth` → `StatusResponse` (`verbose`: the network list and the config as info).
 pub fn status_to_cri(
-    health: crate::RuntimeHealth,
-    cfg: &crate::Config,
+    health: crate::health::RuntimeHealth,
+    cfg: &crate::config::Config,
     verbose: bool,
 ) -> cri::StatusResponse {
-    let crate::RuntimeHealth {
+    let crate::health::RuntimeHealth {
         network,
         handlers,
         not_offered,

@@ -116,7 +116,7 @@ impl CriService {
     async fn call<T, F>(&self, rpc: &'static str, sandbox_id: &str, f: F) -> Result<T, Status>
     where
         T: Send + 'static,
-        F: FnOnce(&Runtime) -> crate::Result<T> + Send + 'static,
+        F: FnOnce(&Runtime) -> crate::error::Result<T> + Send + 'static,
     {
         let span = tracing::info_span!("cri", rpc, sandbox_id = %sandbox_id);
         self.in_span(rpc, span, f).await
@@ -126,7 +126,7 @@ impl CriService {
     async fn blocking<T, F>(&self, rpc: &'static str, id: &str, f: F) -> Result<T, Status>
     where
         T: Send + 'static,
-        F: FnOnce(&Runtime) -> crate::Result<T> + Send + 'static,
+        F: FnOnce(&Runtime) -> crate::error::Result<T> + Send + 'static,
     {
         let span = tracing::info_span!("cri", rpc, container_id = %id);
         self.in_span(rpc, span, f).await
@@ -135,7 +135,7 @@ impl CriService {
     async fn in_span<T, F>(&self, rpc: &'static str, span: tracing::Span, f: F) -> Result<T, Status>
     where
         T: Send + 'static,
-        F: FnOnce(&Runtime) -> crate::Result<T> + Send + 'static,
+        F: FnOnce(&Runtime) -> crate::error::Result<T> + Send + 'static,
     {
         let rt = self.rt.clone();
         // Entered inside the closure: every event of the core call carries the request's ids.

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 
-use crate::lock;
+use crate::state::lock;
 
 use sandboxd_shim_common::exit::EXIT_FILE;
 

@@ -1,7 +1,7 @@
 //! The seam between the pod lifecycle and the host: every host operation whose order the
 //! lifecycle decides (namespace pins and their removal, sysctls, CNI ADD/DEL and the durable
 //! CNI cache, the pod's mounts, the infra container's runtime calls, the pod cgroup) is a
-//! method of [`Host`]. `sandbox/` (run, stop, remove, restore) and [`crate::Runtime`]'s
+//! method of [`Host`]. `sandbox/` (run, stop, remove, restore) and the runtime's
 //! start-up reach the host only through `rt.host`.
 //!
 //! [`RealHost`] delegates each method to the existing function, unchanged. The unit tests use

@@ -20,7 +20,6 @@ pub mod registry;
 pub mod store;
 #[doc(hidden)]
 pub mod unpack;
-mod verbs;
 
 /// The image settings of the config file (defined with the rest of it).
 pub use crate::config::{RegistryConfig, StoreConfig};
@@ -28,5 +27,5 @@ pub use endpoints::Auth;
 pub use store::{ExecConfig, ImageRecord, ImageStore};
 
 /// One caller's flag in a shared pull: raised when the caller stops waiting (see
-/// [`Runtime::pull_image_for`](crate::Runtime::pull_image_for)).
+/// `Runtime::pull_image_for`).
 pub type PullCaller = std::sync::Arc<std::sync::atomic::AtomicBool>;

@@ -93,14 +93,14 @@ impl PullProgress {
                 })
             })
             .collect();
-        *crate::lock(&self.layers) = v.clone();
+        *crate::state::lock(&self.layers) = v.clone();
         v
     }
 
     /// Changes whenever the pull moves: the manifest resolved, bytes arrived, a layer's
     /// state changed.
     pub fn fingerprint(&self) -> (usize, u64, u64) {
-        let layers = crate::lock(&self.layers);
+        let layers = crate::state::lock(&self.layers);
         let received = layers
             .iter()
             .map(|l| l.received.load(Ordering::Relaxed))
@@ -114,7 +114,7 @@ impl PullProgress {
 
     /// What a client sees.
     pub fn snapshot(&self) -> Snapshot {
-        let layers = crate::lock(&self.layers)
+        let layers = crate::state::lock(&self.layers)
             .iter()
             .map(|l| LayerSnapshot {
                 digest: l.digest.clone(),
@@ -171,7 +171,7 @@ pub struct Tracked<'a> {
 
 impl Drop for Tracked<'_> {
     fn drop(&mut self) {
-        let mut m = crate::lock(&self.pulls.by_image);
+        let mut m = crate::state::lock(&self.pulls.by_image);
         if m.get(&self.progress.image)
             .is_some_and(|p| Arc::ptr_eq(p, &self.progress))
         {
@@ -189,7 +189,7 @@ impl Pulls {
             started: Instant::now(),
             layers: Mutex::new(Vec::new()),
         });
-        crate::lock(&self.by_image).insert(image.to_string(), progress.clone());
+        crate::state::lock(&self.by_image).insert(image.to_string(), progress.clone());
         Tracked {
             pulls: self,
             progress,
@@ -198,13 +198,13 @@ impl Pulls {
 
     /// The pull of `image` (its full reference) in flight, if any.
     pub fn get(&self, image: &str) -> Option<Snapshot> {
-        let p = crate::lock(&self.by_image).get(image).cloned();
+        let p = crate::state::lock(&self.by_image).get(image).cloned();
         p.map(|p| p.snapshot())
     }
 
     /// How many pulls are in flight.
     pub fn len(&self) -> usize {
-        crate::lock(&self.by_image).len()
+        crate::state::lock(&self.by_image).len()
     }
 
     /// Whether none is.

@@ -186,7 +186,7 @@ impl Registry {
             if !accept.is_empty() {
                 req = req.header(ACCEPT, accept.join(", "));
             }
-            let auth = crate::lock(&self.token).clone();
+            let auth = crate::state::lock(&self.token).clone();
             if let Some(t) = auth {
                 req = req.header(AUTHORIZATION, format!("Bearer {t}"));
             } else if let (true, Some(Creds::Basic(u, p))) = (answered, &self.creds) {
@@ -203,7 +203,7 @@ impl Registry {
                 match ch {
                     Some(c) if c.scheme.eq_ignore_ascii_case("bearer") => {
                         let t = self.fetch_token(&c).await?;
-                        *crate::lock(&self.token) = Some(t);
+                        *crate::state::lock(&self.token) = Some(t);
                     }
                     Some(c) if c.scheme.eq_ignore_ascii_case("basic") => {
                         if !matches!(self.creds, Some(Creds::Basic(..))) {

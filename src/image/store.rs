@@ -91,7 +91,7 @@ pub struct Pins {
 impl Pins {
     /// Pins one more digest.
     pub fn add(&mut self, digest: &str) {
-        *crate::lock(&self.store)
+        *crate::state::lock(&self.store)
             .entry(digest.to_string())
             .or_default() += 1;
         self.held.push(digest.to_string());
@@ -100,7 +100,7 @@ impl Pins {
 
 impl Drop for Pins {
     fn drop(&mut self) {
-        let mut m = crate::lock(&self.store);
+        let mut m = crate::state::lock(&self.store);
         for d in &self.held {
             if let Some(n) = m.get_mut(d) {
                 *n -= 1;
@@ -438,7 +438,7 @@ impl ImageStore {
 
     fn unused_locked(&self, in_use: &HashSet<String>) -> Vec<PathBuf> {
         let index = self.index();
-        let pins = crate::lock(&self.pins).clone();
+        let pins = crate::state::lock(&self.pins).clone();
         let keep_layers: HashSet<&str> = index
             .images
             .values()

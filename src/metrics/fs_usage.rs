@@ -73,7 +73,7 @@ impl FsUsageCache {
     /// Measures container `id`'s writable layer `upper` now (at start).
     pub(crate) fn measure_now(&self, id: &str, upper: &Path) -> Measured {
         let v = measure(upper);
-        crate::lock(&self.map).insert(
+        crate::state::lock(&self.map).insert(
             id.to_string(),
             Entry {
                 value: Some(v),
@@ -87,7 +87,7 @@ impl FsUsageCache {
     /// `None` (queued) when it was never measured.
     pub(crate) fn cached(&self, id: &str, upper: &Path) -> Option<Measured> {
         let (value, queue) = {
-            let mut m = crate::lock(&self.map);
+            let mut m = crate::state::lock(&self.map);
             let e = m.entry(id.to_string()).or_insert(Entry {
                 value: None,
                 queued: false,
@@ -114,7 +114,7 @@ impl FsUsageCache {
 
     /// The sum of every container's last measurement: bytes and inodes.
     pub(crate) fn total(&self) -> (u64, u64) {
-        crate::lock(&self.map)
+        crate::state::lock(&self.map)
             .values()
             .filter_map(|e| e.value.map(|(v, _)| v))
             .fold((0, 0), |(b, i), v| (b + v.bytes, i + v.inodes))
@@ -122,12 +122,12 @@ impl FsUsageCache {
 
     /// Forgets container `id` (removed).
     pub(crate) fn forget(&self, id: &str) {
-        crate::lock(&self.map).remove(id);
+        crate::state::lock(&self.map).remove(id);
     }
 
     /// Queues `id` for the refresher.
     fn refresh_later(&self, id: &str, upper: &Path) {
-        let mut due = crate::lock(&self.due);
+        let mut due = crate::state::lock(&self.due);
         if due.is_none() {
             let (tx, rx) = std::sync::mpsc::sync_channel::<(String, PathBuf)>(QUEUE);
             let map = self.map.clone();
@@ -137,7 +137,7 @@ impl FsUsageCache {
                     // Ends when the cache (its sender) goes.
                     for (id, upper) in rx {
                         let v = measure(&upper);
-                        let mut m = crate::lock(&map);
+                        let mut m = crate::state::lock(&map);
                         if !upper.exists() {
                             // Removed while a list was being answered: forgotten for good.
                             m.remove(&id);
@@ -157,7 +157,7 @@ impl FsUsageCache {
             .as_ref()
             .is_some_and(|tx| tx.try_send((id.to_string(), upper.to_path_buf())).is_ok());
         if !sent {
-            if let Some(e) = crate::lock(&self.map).get_mut(id) {
+            if let Some(e) = crate::state::lock(&self.map).get_mut(id) {
                 e.queued = false;
             }
         }
@@ -219,9 +219,9 @@ mod tests {
         cache.forget("c1");
         assert_eq!(cache.cached("c1", &dir), None);
         let deadline = Instant::now() + Duration::from_secs(5);
-        while crate::lock(&cache.map).contains_key("c1") && Instant::now() < deadline {
+        while crate::state::lock(&cache.map).contains_key("c1") && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert!(!crate::lock(&cache.map).contains_key("c1"));
+        assert!(!crate::state::lock(&cache.map).contains_key("c1"));
     }
 }

@@ -16,7 +16,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::lock;
+use crate::state::lock;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Rpc {
@@ -152,7 +152,7 @@ impl DaemonMetrics {
     }
 
     /// The last audit's orphans by kind, when it ended and how long it took.
-    pub fn record_audit(&self, r: &crate::audit::Report) {
+    pub fn record_audit(&self, r: &crate::model::audit::Report) {
         for (kind, n) in r.counts() {
             self.orphans
                 .get_or_create(&OrphanKind {

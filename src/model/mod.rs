@@ -2,6 +2,7 @@
 //! (`sandbox/`, `container/`), the state registries and the CRI translation. Types only: no
 //! host access here, and no import of the modules that act on them (they import these).
 
+pub mod audit;
 pub mod container;
 pub mod network;
 pub mod resources;

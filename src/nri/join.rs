@@ -93,7 +93,7 @@ pub(super) async fn join(
         Ok(r) => {
             let id = p.id.clone();
             let added = {
-                let mut l = crate::lock(&shared.plugins);
+                let mut l = crate::state::lock(&shared.plugins);
                 let dup = l.iter().any(|o| o.id == p.id && !o.is_closed());
                 if !dup {
                     l.push(p.clone());

@@ -14,14 +14,12 @@
 //! Status until it returns.
 
 mod adjust;
-mod convert;
-mod domain;
+pub(crate) mod convert;
 mod join;
 mod launch;
 mod plugin;
 
 pub use adjust::fuzz_adjustment;
-pub use domain::Domain;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -86,7 +84,7 @@ pub(crate) struct Nri {
 impl Drop for Nri {
     fn drop(&mut self) {
         // Closes every plugin's socket (and kills those we started) without waiting.
-        for p in crate::lock(&self.shared.plugins).drain(..) {
+        for p in crate::state::lock(&self.shared.plugins).drain(..) {
             p.close("the runtime is shutting down");
         }
         if let Some(t) = self.tokio.take() {
@@ -154,7 +152,7 @@ impl Nri {
 
     /// The connected plugins, in the order they are called.
     pub(crate) fn plugins(&self) -> Vec<PluginInfo> {
-        crate::lock(&self.shared.plugins)
+        crate::state::lock(&self.shared.plugins)
             .iter()
             .filter(|p| !p.is_closed())
             .map(|p| PluginInfo {
@@ -164,14 +162,14 @@ impl Nri {
                     .filter(|e| p.subscribed(*e))
                     .map(|e| e.as_str_name().to_string())
                     .collect(),
-                preinstalled: crate::lock(&p.child).is_some(),
+                preinstalled: crate::state::lock(&p.child).is_some(),
             })
             .collect()
     }
 
     /// Whether `id`'s blocking hook runs (List and Status leave it out meanwhile).
     pub(crate) fn hides(&self, id: &str) -> bool {
-        self.active() && crate::lock(&self.shared.hidden).contains(id)
+        self.active() && crate::state::lock(&self.shared.hidden).contains(id)
     }
 
     pub(crate) fn active(&self) -> bool {
@@ -510,7 +508,7 @@ impl Nri {
     /// StopContainer: sent once per container, whether it was stopped or exited by itself;
     /// plugins may update other containers (their freed resources).
     pub(crate) fn stop_container(&self, sb: &SandboxRecord, c: &ContainerRecord, cfg: &Config) {
-        if !self.active() || !crate::lock(&self.shared.stopped).insert(c.id.clone()) {
+        if !self.active() || !crate::state::lock(&self.shared.stopped).insert(c.id.clone()) {
             return;
         }
         let pod = convert::pod(sb, cfg);
@@ -555,7 +553,7 @@ impl Nri {
         }
         self.stop_container(sb, c, cfg);
         let _ = self.event(Event::RemoveContainer, sb, Some(c), cfg, false);
-        crate::lock(&self.shared.stopped).remove(&c.id);
+        crate::state::lock(&self.shared.stopped).remove(&c.id);
     }
 
     /// UpdatePodSandbox (pod resize): told, then PostUpdatePodSandbox.
@@ -602,7 +600,7 @@ impl Nri {
 
 /// The open plugins, in index order (then name).
 fn ordered(shared: &Shared) -> Vec<Arc<Plugin>> {
-    crate::lock(&shared.plugins)
+    crate::state::lock(&shared.plugins)
         .iter()
         .filter(|p| !p.is_closed())
         .cloned()
@@ -611,13 +609,13 @@ fn ordered(shared: &Shared) -> Vec<Arc<Plugin>> {
 
 /// Drops closed plugins from the list.
 fn prune(shared: &Shared) {
-    let mut l = crate::lock(&shared.plugins);
+    let mut l = crate::state::lock(&shared.plugins);
     let before = l.len();
     l.retain(|p| !p.is_closed());
     let gone = before - l.len();
     if gone > 0 && shared.active.fetch_sub(gone, Ordering::AcqRel) == gone {
         // No plugin left: which containers' StopContainer went out no longer matters.
-        crate::lock(&shared.stopped).clear();
+        crate::state::lock(&shared.stopped).clear();
     }
 }
 
@@ -629,7 +627,7 @@ struct Hidden<'a> {
 
 impl<'a> Hidden<'a> {
     fn new(shared: &'a Shared, id: &str) -> Self {
-        crate::lock(&shared.hidden).insert(id.to_string());
+        crate::state::lock(&shared.hidden).insert(id.to_string());
         Hidden {
             shared,
             id: id.to_string(),
@@ -639,6 +637,6 @@ impl<'a> Hidden<'a> {
 
 impl Drop for Hidden<'_> {
     fn drop(&mut self) {
-        crate::lock(&self.shared.hidden).remove(&self.id);
+        crate::state::lock(&self.shared.hidden).remove(&self.id);
     }
 }

@@ -59,11 +59,11 @@ impl Plugin {
             return;
         }
         tracing::warn!(plugin = %self.id, reason = why, "NRI plugin closed");
-        if let Some(t) = crate::lock(&self.trunk).take() {
+        if let Some(t) = crate::state::lock(&self.trunk).take() {
             t.abort();
         }
-        crate::lock(&self.server).take();
-        kill_child(&mut crate::lock(&self.child));
+        crate::state::lock(&self.server).take();
+        kill_child(&mut crate::state::lock(&self.child));
     }
 
     /// One request with the plugin's time limit (sent along, so the plugin's handler has
@@ -110,10 +110,10 @@ impl Plugin {
 
 impl Drop for Plugin {
     fn drop(&mut self) {
-        if let Some(t) = crate::lock(&self.trunk).take() {
+        if let Some(t) = crate::state::lock(&self.trunk).take() {
             t.abort();
         }
-        kill_child(&mut crate::lock(&self.child));
+        kill_child(&mut crate::state::lock(&self.child));
     }
 }
 
@@ -145,7 +145,7 @@ impl sandboxd_nri_api::RuntimeService for RuntimeService {
         if let Err(e) = check_name(&req.plugin_name).and_then(|()| check_index(&req.plugin_idx)) {
             return Err(status(ttrpc::Code::INVALID_ARGUMENT, e));
         }
-        match crate::lock(&self.registered).take() {
+        match crate::state::lock(&self.registered).take() {
             Some(tx) => {
                 let _ = tx.send(req);
                 Ok(api::Empty {})

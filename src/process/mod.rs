@@ -15,6 +15,7 @@
 mod output;
 mod pidfile;
 mod run;
+mod slots;
 mod tree;
 
 pub use output::OutputBudget;
@@ -22,8 +23,9 @@ pub use pidfile::{kill_pid_file, read_pid};
 pub use run::{
     exit_code, run, run_with, run_with_stdio, wait_until, Cancel, Limits, Output, RunError,
 };
-/// The pidfds and the umask the monitor uses too, from the contract they share.
 pub use sandboxd_shim_common::{fd::pidfd_open, runtime::private_umask};
+/// The pidfds and the umask the monitor uses too, from the contract they share.
+pub(crate) use slots::ExecSlots;
 pub use tree::{
     alive, group_members, kill_tree, proc_stat, start_time_nanos, wait_gone, wait_reaped, ProcStat,
 };

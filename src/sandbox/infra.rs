@@ -11,7 +11,8 @@
 
 use crate::model::sandbox::SandboxState;
 use crate::oci::ContainerFiles;
-use crate::{lock, Runtime, SandboxEntry};
+use crate::runtime::{Runtime, SandboxEntry};
+use crate::state::lock;
 
 /// The exit watcher's key of a sandbox's infra (container ids are hex: no clash).
 const PREFIX: &str = "infra:";

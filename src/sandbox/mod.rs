@@ -9,6 +9,7 @@ pub(crate) mod network;
 pub(crate) mod remove;
 pub(crate) mod restore;
 pub(crate) mod run;
+pub(crate) mod status;
 pub(crate) mod stop;
 pub(crate) mod update;
 

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use crate::cni::{Attachment, CacheEntry, CniError};
 use crate::model::sandbox::PodSandboxConfig;
-use crate::Runtime;
+use crate::runtime::Runtime;
 
 /// The attachment recorded for a pod at RunPodSandbox, its netns left to the record.
 pub(crate) fn attachment(id: &str, config: Option<&PodSandboxConfig>) -> Attachment {

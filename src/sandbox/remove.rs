@@ -6,7 +6,8 @@
 
 use crate::error::{Error, HostError, Result};
 use crate::oci::ContainerFiles;
-use crate::{lock, Runtime, SandboxEntry};
+use crate::runtime::{Runtime, SandboxEntry};
+use crate::state::lock;
 
 pub(crate) fn remove(rt: &Runtime, id: &str) -> Result<()> {
     let Some(entry) = rt.lookup(id)? else {
@@ -78,7 +79,7 @@ pub(crate) fn teardown(rt: &Runtime, entry: &SandboxEntry, rollback: bool) -> Re
             errors.push(Error::step("remove user-namespace mount dir", &rec.id, e));
         }
     }
-    if let Err(e) = crate::state::remove_record_dir(&rec.dir) {
+    if let Err(e) = crate::mounts::remove_record_dir(&rec.dir) {
         errors.push(Error::step("remove sandbox dir", &rec.id, e));
     }
     Error::collect(errors)
@@ -160,5 +161,5 @@ pub(crate) fn unregister(rt: &Runtime, entry: &SandboxEntry) {
 /// Removes a directory tree that may contain a mounted shm (unmounted first).
 pub(crate) fn remove_orphan_dir(rt: &Runtime, dir: &std::path::Path) -> Result<(), HostError> {
     rt.host.unmount_all(&dir.join("shm"))?;
-    crate::state::remove_record_dir(dir)
+    crate::mounts::remove_record_dir(dir)
 }

@@ -1,10 +1,11 @@
 //! Restore after a restart: load every record, roll back the half-created, re-reserve names,
-//! reconcile Ready sandboxes against the runtime, and collect what no record references
-//! (namespace files with our prefix, record-less dirs, CNI cache entries, runtime containers).
+//! and reconcile Ready sandboxes against the runtime (the audit's start-up sweep then collects
+//! what no record references).
 
 use crate::error::Result;
 use crate::model::sandbox::{SandboxRecord, SandboxState};
-use crate::{lock, Runtime, SandboxEntry};
+use crate::runtime::{Runtime, SandboxEntry};
+use crate::state::lock;
 
 pub(crate) fn restore(rt: &Runtime) -> Result<()> {
     let dir = rt.cfg.root.join("sandboxes");
@@ -26,20 +27,6 @@ pub(crate) fn restore(rt: &Runtime) -> Result<()> {
         }
     }
     rt.cni.remove_partial_writes();
-    // What no record references now is an orphan of the last run (a crash between a host
-    // step and the record naming it): collected at once by the audit's own finders, in
-    // teardown order. The image store's kinds are left to its own start-up work (`tmp/` when
-    // it opens, unused content once containers are reconciled). `sandboxctl doctor` lists
-    // what appears later.
-    use crate::audit::{collect, Kind};
-    let swept: usize = Kind::ALL
-        .into_iter()
-        .filter(|k| !matches!(k, Kind::PartialPull | Kind::UnusedImageContent))
-        .map(|k| collect(rt, k, std::time::Duration::ZERO).len())
-        .sum();
-    if swept > 0 {
-        tracing::info!(orphans = swept, "collected what the last run left");
-    }
     Ok(())
 }
 

@@ -14,7 +14,9 @@ use crate::model::sandbox::{
     SandboxState, StopRecord,
 };
 use crate::oci::{spec, ContainerFiles};
-use crate::{failpoint, lock, validate, Runtime, SandboxEntry};
+use crate::runtime::{Runtime, SandboxEntry};
+use crate::state::lock;
+use crate::{failpoint, validate};
 
 /// What validation decided, before anything is touched.
 struct Plan {

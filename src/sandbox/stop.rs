@@ -7,9 +7,11 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::failpoint;
 use crate::model::sandbox::{InfraRecord, SandboxRecord, SandboxState, StopRecord};
 use crate::oci::ContainerFiles;
-use crate::{failpoint, lock, Runtime, SandboxEntry};
+use crate::runtime::{Runtime, SandboxEntry};
+use crate::state::lock;
 
 pub(crate) fn stop(rt: &Runtime, id: &str) -> Result<()> {
     let Some(entry) = rt.lookup(id)? else {

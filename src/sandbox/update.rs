@@ -7,7 +7,8 @@
 use super::SandboxState;
 use crate::error::{Error, Result};
 use crate::model::container::Resources;
-use crate::{lock, Runtime};
+use crate::runtime::Runtime;
+use crate::state::lock;
 
 pub(crate) fn update_resources(
     rt: &Runtime,

@@ -49,6 +49,16 @@ impl IdIndex {
     }
 }
 
+/// 8 hex chars of FNV-1a: a stable tag, not a security boundary.
+pub fn short_hash(s: &str) -> String {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in s.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    format!("{h:08x}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

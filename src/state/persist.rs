@@ -151,18 +151,6 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, HostErro
     }
 }
 
-/// Removes a record directory tree. Missing is success. Refuses to follow a symlink.
-pub fn remove_record_dir(dir: &Path) -> Result<(), HostError> {
-    match std::fs::symlink_metadata(dir) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(HostError::io("inspect", dir, e)),
-        Ok(m) if m.file_type().is_symlink() => {
-            std::fs::remove_file(dir).map_err(|e| HostError::io("remove symlink", dir, e))
-        }
-        Ok(_) => crate::mounts::remove_tree(dir),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,7 +166,7 @@ mod tests {
         std::fs::write(&p, b"{").unwrap();
         assert!(read_json::<Vec<i32>>(&p).is_err());
         assert!(read_json::<Vec<i32>>(&dir.join("none")).unwrap().is_none());
-        remove_record_dir(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
         assert!(!dir.exists());
     }
 }

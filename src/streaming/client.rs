@@ -15,7 +15,7 @@ use super::spdy::{
     control, data, read_frame_blocking, HeaderCodec, FLAG_FIN, GOAWAY, PING, RST_STREAM, SYN_REPLY,
     SYN_STREAM,
 };
-use crate::lock;
+use crate::state::lock;
 
 /// The connection's write side: every frame (the reader's ping replies too) is written whole
 /// under this lock, with the header compressor, whose context spans the connection.

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use super::StreamingConfig;
 use crate::error::{Error, Result};
-use crate::lock;
+use crate::state::lock;
 
 /// Caps on open connections, in total and per client address. A connection holds its
 /// [`ConnSlot`] until it closes (its session included).

@@ -27,7 +27,9 @@ use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
 
 use crate::error::{Error, Result};
-use crate::{lock, ContainerState, Runtime};
+use crate::model::container::ContainerState;
+use crate::runtime::Runtime;
+use crate::state::lock;
 
 pub use crate::config::{StreamingConfig, TOKEN_TTL};
 
@@ -163,7 +165,11 @@ pub(crate) async fn write_within<E>(
 
 /// An attach must match how the container was made: stdin only if it has one, a terminal
 /// exactly when it has one, and a monitor with an attach socket.
-fn check_attach(r: &crate::ContainerRecord, tty: bool, stdin: bool) -> Result<()> {
+fn check_attach(
+    r: &crate::model::container::ContainerRecord,
+    tty: bool,
+    stdin: bool,
+) -> Result<()> {
     if stdin && !r.config.stdin {
         return Err(Error::InvalidArgument(format!(
             "stdin: container {} was not created with stdin",
@@ -370,7 +376,7 @@ impl StreamingServer {
 
     /// The container's record, if it is running (checked when a URL is issued and again when
     /// its session starts).
-    fn running_container(&self, id: &str) -> Result<crate::ContainerRecord> {
+    fn running_container(&self, id: &str) -> Result<crate::model::container::ContainerRecord> {
         let r = self.rt.container_status(id)?;
         if r.state != ContainerState::Running {
             return Err(Error::FailedPrecondition(format!(
@@ -381,9 +387,9 @@ impl StreamingServer {
         Ok(r)
     }
 
-    fn ready_sandbox(&self, id: &str) -> Result<crate::SandboxRecord> {
+    fn ready_sandbox(&self, id: &str) -> Result<crate::model::sandbox::SandboxRecord> {
         let r = self.rt.sandbox_record(id)?;
-        if r.state != crate::SandboxState::Ready {
+        if r.state != crate::model::sandbox::SandboxState::Ready {
             return Err(Error::FailedPrecondition(format!(
                 "sandbox {} is not ready",
                 r.id

@@ -127,7 +127,7 @@ pub fn validate(c: &ContainerConfig) -> Result<()> {
             "security_context.run_as_group needs run_as_user or run_as_username".into(),
         ));
     }
-    if s.pid == crate::NamespaceMode::Target && s.target_id.is_empty() {
+    if s.pid == crate::model::sandbox::NamespaceMode::Target && s.target_id.is_empty() {
         return Err(invalid(
             "security_context.namespace_options: pid TARGET needs target_id".into(),
         ));
@@ -185,7 +185,7 @@ mod tests {
         c.log_path = "../x.log".into();
         assert!(validate(&c).unwrap_err().to_string().contains("log_path"));
         c.log_path = "n/0.log".into();
-        c.mounts = vec![crate::BindMount {
+        c.mounts = vec![crate::model::container::BindMount {
             container_path: "/a/../etc".into(),
             host_path: "/tmp".into(),
             ..Default::default()

@@ -114,8 +114,8 @@ pub(super) async fn list_pod_sandbox_metrics(
 ) -> Result<Response<cri::ListPodSandboxMetricsResponse>, Status> {
     let pod_metrics = svc
         .blocking("ListPodSandboxMetrics", "", |rt| {
-            let ready = crate::SandboxFilter {
-                state: Some(crate::SandboxState::Ready),
+            let ready = crate::model::sandbox::SandboxFilter {
+                state: Some(crate::model::sandbox::SandboxState::Ready),
                 ..Default::default()
             };
             Ok(rt

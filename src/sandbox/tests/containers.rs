@@ -10,7 +10,8 @@ use std::time::Duration;
 use super::{pod, ready, step, Harness};
 use crate::host::fake::Op;
 use crate::model::container::{ContainerConfig, ContainerRecord, ContainerState};
-use crate::{lock, ContainerEntry};
+use crate::runtime::ContainerEntry;
+use crate::state::lock;
 
 /// A created container of a Ready pod, as CreateContainer leaves it: its record on disk and
 /// registered under its name, the runtime's container made (on the fake). The calls that

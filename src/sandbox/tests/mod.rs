@@ -16,9 +16,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
+use crate::config::{Config, RuntimeHandler};
+use crate::error::Error;
 use crate::host::fake::{FakeHost, Op};
-use crate::{lock, Config, Error, PodSandboxConfig, RuntimeHandler, SandboxRecord};
-use crate::{Runtime, SandboxState};
+use crate::model::sandbox::SandboxState;
+use crate::model::sandbox::{PodSandboxConfig, SandboxRecord};
+use crate::runtime::Runtime;
+use crate::state::lock;
 
 /// A dir of its own for one test, removed when dropped.
 pub(super) struct TempDir(PathBuf);

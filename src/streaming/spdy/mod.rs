@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore};
 
 use super::exec::{self, Inbound, InboundTx, Streams, TermSize};
 use super::{header_values, text, StreamingServer, Target};
-use crate::lock;
+use crate::state::lock;
 
 mod dict;
 mod frame;

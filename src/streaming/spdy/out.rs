@@ -8,7 +8,7 @@ use tokio::sync::{mpsc, watch, Notify, Semaphore};
 
 use super::super::exec::Inbound;
 use super::frame::*;
-use crate::lock;
+use crate::state::lock;
 
 /// A stream the client opened: its headers, and its inbound data (closed on FIN or reset).
 pub(super) struct Opened {

@@ -1,10 +1,12 @@
-//! The image verbs of [`Runtime`](crate::Runtime): pulls (shared by callers asking for the
+//! The image verbs of [`Runtime`]: pulls (shared by callers asking for the
 //! same image with the same credentials), removal, and the layers containers still use.
 
 use std::sync::Arc;
 
+use super::{PullCell, Runtime};
 use crate::error::{Error, Result};
-use crate::{image, lock, Runtime};
+use crate::image;
+use crate::state::lock;
 
 impl Runtime {
     /// The image store.
@@ -39,7 +41,7 @@ impl Runtime {
             let cell = pulls
                 .entry(key.clone())
                 .or_insert_with(|| {
-                    Arc::new(crate::PullCell {
+                    Arc::new(PullCell {
                         result: Default::default(),
                         callers: Default::default(),
                     })
@@ -107,7 +109,7 @@ impl Runtime {
     /// Returns once every caller of `cell` has gone, having taken the cell out of the pulls in
     /// flight (under their lock, so a caller arriving now starts a pull of its own rather than
     /// joining the one being cancelled).
-    async fn abandoned(&self, key: &str, cell: &Arc<crate::PullCell>) {
+    async fn abandoned(&self, key: &str, cell: &Arc<PullCell>) {
         loop {
             tokio::time::sleep(std::time::Duration::from_millis(250)).await;
             let mut pulls = lock(&self.pulls);

@@ -1,18 +1,19 @@
 //! The runtime as NRI plugins reach it: every pod and container for a joining plugin, and
-//! the updates and evictions plugins ask for. (Like `events/`, an arrow back up to the
-//! facade: it holds the runtime weakly, so plugins never keep it alive.)
+//! the updates and evictions plugins ask for. It holds the runtime weakly, so plugins never
+//! keep it alive.
 
 use std::sync::Weak;
 
 use sandboxd_nri_api::api;
 
-use super::convert;
-use crate::{lock, Runtime};
+use crate::nri::{convert, Updates};
+use crate::runtime::Runtime;
+use crate::state::lock;
 
 /// The runtime, for the plugins' side.
 pub struct Domain(pub(crate) Weak<Runtime>);
 
-impl super::Updates for Domain {
+impl Updates for Domain {
     fn apply(
         &self,
         plugin: &str,
@@ -29,8 +30,8 @@ impl super::Updates for Domain {
                     return Ok(());
                 };
                 let want = convert::update_resources(&rec.config.resources, res)
-                    .map_err(crate::Error::InvalidArgument)?;
-                rt.apply_container_resources(&rec.id, &want)
+                    .map_err(crate::error::Error::InvalidArgument)?;
+                super::update::apply_resources(&rt, &rec.id, &want)
             });
             if let Err(e) = r {
                 tracing::warn!(plugin, container_id = %u.container_id, error = %e, "NRI plugin's update not applied");
@@ -41,7 +42,7 @@ impl super::Updates for Domain {
         }
         for e in evict {
             tracing::warn!(plugin, container_id = %e.container_id, reason = %e.reason, "NRI plugin evicts a container: stopping it");
-            if let Err(err) = rt.stop_container(&e.container_id, std::time::Duration::ZERO) {
+            if let Err(err) = super::stop::stop(&rt, &e.container_id, std::time::Duration::ZERO) {
                 tracing::warn!(plugin, container_id = %e.container_id, error = %err, "eviction failed");
             }
         }
