@@ -104,12 +104,19 @@ impl Results {
     }
 }
 
-/// A trial in progress: counted out when its thread ends, however it ends.
-struct Running(Arc<Results>);
+/// A trial in progress: counted out when its thread ends, however it ends. The last one
+/// out removes the trials' shared dir, under the lock, so that no trial is between making
+/// its own dir in it and using it.
+struct Running(Arc<Results>, PathBuf);
 
 impl Drop for Running {
     fn drop(&mut self) {
-        crate::state::lock(&self.0.state).running -= 1;
+        let mut s = crate::state::lock(&self.0.state);
+        s.running -= 1;
+        if s.running == 0 {
+            let _ = std::fs::remove_dir(&self.1);
+        }
+        drop(s);
         self.0.changed.notify_all();
     }
 }
@@ -264,7 +271,7 @@ impl Probe {
 
 impl Trial {
     fn run(self) {
-        let _running = Running(self.results.clone());
+        let _running = Running(self.results.clone(), self.dir.clone());
         let rt = &self.rt;
         let found = if self.cancel.load(Ordering::Relaxed) {
             Readiness::NotProbed
@@ -288,8 +295,6 @@ impl Trial {
             Readiness::NotProbed
         };
         self.results.set(&rt.name, found);
-        // The last trial out removes the shared dir (the others' dirs keep it until then).
-        let _ = std::fs::remove_dir(&self.dir);
     }
 
     /// One trial container of `rt`, built like an infra container in a new network
