@@ -228,7 +228,7 @@ fn build(
             let owner = map.host_root().unwrap_or_default();
             crate::userns::pod_root_dir(&rt.cfg.root, id, owner)
                 .and_then(|_| {
-                    crate::userns::mount_overlay(
+                    rt.host.mount_idmapped_overlay(
                         ns,
                         owner,
                         &lower,
@@ -244,7 +244,8 @@ fn build(
                 crate::state::files::private_dir_all(d)
                     .map_err(|e| Error::step("create the writable layer's dir", id, e))?;
             }
-            crate::mounts::mount_overlay(&lower, &rec.upper_dir(), &rec.work_dir(), &rec.rootfs())
+            rt.host
+                .mount_overlay(&lower, &rec.upper_dir(), &rec.work_dir(), &rec.rootfs())
                 .map_err(|e| Error::step("mount rootfs", id, e))?
         }
     }
@@ -287,13 +288,14 @@ fn build(
             }
         };
         let at = rec.dir.join("mounts").join(i.to_string());
-        crate::mounts::mount_tree_copy(
-            Path::new(&m.host_path),
-            &at,
-            m.recursive_read_only,
-            ns.map(std::os::fd::AsFd::as_fd),
-        )
-        .map_err(|e| Error::step("make a recursively read-only or idmapped mount", id, e))?;
+        rt.host
+            .mount_tree_copy(
+                Path::new(&m.host_path),
+                &at,
+                m.recursive_read_only,
+                ns.map(std::os::fd::AsFd::as_fd),
+            )
+            .map_err(|e| Error::step("make a recursively read-only or idmapped mount", id, e))?;
         m.host_path = at.to_string_lossy().into_owned();
         staged.push(at);
     }
@@ -364,8 +366,9 @@ fn build(
     }
     let runtime = rt.handler(&rec.runtime_handler)?;
     let files = rec.files();
-    let pid = runtime
-        .create(id, &rec.dir, &files)
+    let pid = rt
+        .host
+        .runtime_create(runtime, id, &rec.dir, &files)
         .map_err(|e| Error::step("create container", id, e))?;
     failpoint::hit("create:runtime");
     // The container's mount namespace holds its own copies now. Staged trees left in the
@@ -375,7 +378,7 @@ fn build(
     // for as long as the container lives: those stay, and go with the container dir.
     let serves_by_path = !runtime.family.node_kernel();
     for at in staged.iter().filter(|_| !serves_by_path) {
-        if let Err(e) = crate::mounts::unmount_all(at) {
+        if let Err(e) = rt.host.unmount_all(at) {
             tracing::warn!(container_id = %id, path = %at.display(), error = %e,
                 "cannot detach a staged mount after create");
         }

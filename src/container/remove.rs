@@ -37,12 +37,15 @@ fn finish_quarantined(rt: &Runtime, id: &str) -> Result<()> {
     let dir = rt.cfg.root.join("containers").join(id);
     for runtime in rt.runtimes.values() {
         if runtime.root.join(id).exists() {
-            if let Err(e) = runtime.delete(id, &dir.join("runtime.log")) {
+            if let Err(e) = rt
+                .host
+                .runtime_delete(runtime, id, &dir.join("runtime.log"))
+            {
                 errors.push(Error::step("delete container", id, e));
             }
         }
     }
-    if let Err(e) = crate::mounts::unmount_all(&dir.join("rootfs")) {
+    if let Err(e) = rt.host.unmount_all(&dir.join("rootfs")) {
         errors.push(Error::step("unmount rootfs", id, e));
     }
     if let Err(e) = crate::userns::remove_pod_root_dir(&rt.cfg.root, id) {
@@ -144,6 +147,14 @@ pub(crate) fn teardown(rt: &Runtime, entry: &ContainerEntry) -> Result<()> {
     }
     if let Err(e) = rt.host.unmount_all(&rec.rootfs()) {
         errors.push(Error::step("unmount rootfs", &rec.id, e));
+    }
+    // Mounts staged for the runtime (recursively read-only, idmapped, image volumes): those
+    // a create detached are no mounts any more, which is success.
+    let staged = rec.dir.join("mounts");
+    for name in crate::state::list_dir(&staged) {
+        if let Err(e) = rt.host.unmount_all(&staged.join(name)) {
+            errors.push(Error::step("unmount staged mount", &rec.id, e));
+        }
     }
     if rec.userns_dir.is_some() {
         // `<root>/userns/<id>`, removed where the root's mode follows.

@@ -10,6 +10,8 @@
 //! does is the integration tests' business.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::File;
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,6 +39,8 @@ pub(crate) enum Op {
     MountShm,
     Unmount,
     MountTreeCopy,
+    MountOverlay,
+    MountIdmappedOverlay,
     RuntimeCreate,
     RuntimeStart,
     RuntimeKill,
@@ -177,6 +181,14 @@ impl FakeHost {
             }
         };
         fails.then(|| format!("injected failure of {op:?} {}", call.arg))
+    }
+
+    /// A mount at `target`: an empty dir made there and remembered until unmounted.
+    fn mount_at(&self, op: Op, target: &Path) -> Result<(), HostError> {
+        self.host_result(op, target.display().to_string())?;
+        crate::state::files::private_dir_all(target)?;
+        lock(&self.0).mounts.insert(target.to_path_buf());
+        Ok(())
     }
 
     fn host_result(&self, op: Op, arg: impl Into<String>) -> Result<(), HostError> {
@@ -320,10 +332,7 @@ impl Host for FakeHost {
     }
 
     fn mount_shm(&self, path: &Path, _size: u64) -> Result<(), HostError> {
-        self.host_result(Op::MountShm, path.display().to_string())?;
-        crate::state::files::private_dir_all(path)?;
-        lock(&self.0).mounts.insert(path.to_path_buf());
-        Ok(())
+        self.mount_at(Op::MountShm, path)
     }
 
     fn unmount_all(&self, path: &Path) -> Result<(), HostError> {
@@ -337,12 +346,32 @@ impl Host for FakeHost {
         _source: &Path,
         target: &Path,
         _readonly: bool,
-        _userns: Option<&Path>,
+        _userns: Option<BorrowedFd<'_>>,
     ) -> Result<(), HostError> {
-        self.host_result(Op::MountTreeCopy, target.display().to_string())?;
-        crate::state::files::private_dir_all(target)?;
-        lock(&self.0).mounts.insert(target.to_path_buf());
-        Ok(())
+        self.mount_at(Op::MountTreeCopy, target)
+    }
+
+    /// An empty dir stands for the rootfs (the verbs read its account files: there are none).
+    fn mount_overlay(
+        &self,
+        _lower: &[PathBuf],
+        _upper: &Path,
+        _work: &Path,
+        target: &Path,
+    ) -> Result<(), HostError> {
+        self.mount_at(Op::MountOverlay, target)
+    }
+
+    fn mount_idmapped_overlay(
+        &self,
+        _userns: &File,
+        _host_root: (u32, u32),
+        _lower: &[PathBuf],
+        _ovl: &Path,
+        _scratch: &Path,
+        target: &Path,
+    ) -> Result<(), HostError> {
+        self.mount_at(Op::MountIdmappedOverlay, target)
     }
 
     fn runtime_create(

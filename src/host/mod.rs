@@ -17,7 +17,9 @@
 #[cfg(test)]
 pub(crate) mod fake;
 
-use std::path::Path;
+use std::fs::File;
+use std::os::fd::BorrowedFd;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -74,14 +76,36 @@ pub(crate) trait Host: Send + Sync {
     /// Unmounts everything stacked at `path`; not mounted is success (`mounts::unmount_all`).
     fn unmount_all(&self, path: &Path) -> Result<(), HostError>;
 
-    /// Mounts a private copy of `source` at `target`, idmapped with the user namespace pinned
-    /// at `userns` if given (`mounts::mount_tree_copy`).
+    /// Mounts a private copy of `source` at `target`, idmapped with the user namespace
+    /// `userns` if given (`mounts::mount_tree_copy`).
     fn mount_tree_copy(
         &self,
         source: &Path,
         target: &Path,
         readonly: bool,
-        userns: Option<&Path>,
+        userns: Option<BorrowedFd<'_>>,
+    ) -> Result<(), HostError>;
+
+    /// Mounts a container's rootfs: `lower` (top first) under an overlay whose writable
+    /// layer is `upper` (`mounts::mount_overlay`).
+    fn mount_overlay(
+        &self,
+        lower: &[PathBuf],
+        upper: &Path,
+        work: &Path,
+        target: &Path,
+    ) -> Result<(), HostError>;
+
+    /// Mounts a rootfs for a pod with its own user namespace: the layers idmapped to the
+    /// pod's root under an overlay in `ovl` (`userns::mount_overlay`).
+    fn mount_idmapped_overlay(
+        &self,
+        userns: &File,
+        host_root: (u32, u32),
+        lower: &[PathBuf],
+        ovl: &Path,
+        scratch: &Path,
+        target: &Path,
     ) -> Result<(), HostError>;
 
     /// `runtime create` under a new monitor; the container's pid (`OciRuntime::create`).
@@ -199,17 +223,31 @@ impl Host for RealHost {
         source: &Path,
         target: &Path,
         readonly: bool,
-        userns: Option<&Path>,
+        userns: Option<BorrowedFd<'_>>,
     ) -> Result<(), HostError> {
-        let ns = userns
-            .map(|p| std::fs::File::open(p).map_err(|e| HostError::io("open", p, e)))
-            .transpose()?;
-        crate::mounts::mount_tree_copy(
-            source,
-            target,
-            readonly,
-            ns.as_ref().map(std::os::fd::AsFd::as_fd),
-        )
+        crate::mounts::mount_tree_copy(source, target, readonly, userns)
+    }
+
+    fn mount_overlay(
+        &self,
+        lower: &[PathBuf],
+        upper: &Path,
+        work: &Path,
+        target: &Path,
+    ) -> Result<(), HostError> {
+        crate::mounts::mount_overlay(lower, upper, work, target)
+    }
+
+    fn mount_idmapped_overlay(
+        &self,
+        userns: &File,
+        host_root: (u32, u32),
+        lower: &[PathBuf],
+        ovl: &Path,
+        scratch: &Path,
+        target: &Path,
+    ) -> Result<(), HostError> {
+        crate::userns::mount_overlay(userns, host_root, lower, ovl, scratch, target)
     }
 
     fn runtime_create(

@@ -308,7 +308,9 @@ fn start_infra(
         (Some(path), Some(map)) => (|| -> Result<std::path::PathBuf, HostError> {
             let owner = map.host_root().unwrap_or_default();
             let at = crate::userns::pod_root_dir(&rt.cfg.root, id, owner)?.join("rootfs");
-            rt.host.mount_tree_copy(&rootfs, &at, true, Some(path))?;
+            let ns = std::fs::File::open(path).map_err(|e| HostError::io("open", path, e))?;
+            rt.host
+                .mount_tree_copy(&rootfs, &at, true, Some(std::os::fd::AsFd::as_fd(&ns)))?;
             Ok(at)
         })()
         .map_err(|e| Error::step("mount idmapped infra rootfs", id, e))?,

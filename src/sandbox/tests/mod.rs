@@ -8,6 +8,7 @@
 //! is left (registry, record on disk, CNI cache, the fake's model of the host).
 
 mod containers;
+mod create;
 mod restore;
 mod run;
 mod stop;
