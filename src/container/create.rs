@@ -5,6 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+use oci_spec::runtime::{LinuxNamespace, LinuxNamespaceType};
+
 use super::devices::devices;
 use super::image_volume;
 use super::spec::{self, Inputs};
@@ -117,7 +119,9 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
         log_path,
         cgroup: crate::cgroups::child(&sb.pod_cgroup(&rt.cfg), &id),
         stop_signal: effective_stop_signal(&config.stop_signal, &image.config.stop_signal)?,
-        shared_pid: !namespaces.iter().any(|(t, p)| *t == "pid" && p.is_none()),
+        shared_pid: !namespaces
+            .iter()
+            .any(|n| n.typ() == LinuxNamespaceType::Pid && n.path().is_none()),
         // Short path (sun_path is 108 bytes): under the root, not the container dir.
         attach_socket: Some(
             rt.cfg
@@ -190,7 +194,7 @@ fn build(
     entry: &ContainerEntry,
     sb: &SandboxRecord,
     image: &crate::image::ImageRecord,
-    namespaces: Vec<(&'static str, Option<PathBuf>)>,
+    namespaces: Vec<LinuxNamespace>,
     seccomp: Option<serde_json::Value>,
     devices: Vec<spec::DeviceNode>,
     (apparmor, selinux_label): (Option<String>, Option<String>),
@@ -396,32 +400,35 @@ fn namespaces(
     rt: &Runtime,
     sb: &SandboxRecord,
     c: &ContainerConfig,
-) -> Result<Vec<(&'static str, Option<PathBuf>)>> {
-    let infra_ns = |t: &str| {
+) -> Result<Vec<LinuxNamespace>> {
+    use LinuxNamespaceType as T;
+    let ns = |t: T, path: Option<PathBuf>| crate::oci::spec::namespace(t, path.as_deref());
+    // The infra process's own namespaces, by their /proc name.
+    let infra_ns = |proc_name: &str| {
         sb.infra
             .as_ref()
             .filter(|i| i.started && !i.stopped && i.pid > 0)
-            .map(|i| PathBuf::from(format!("/proc/{}/ns/{t}", i.pid)))
+            .map(|i| PathBuf::from(format!("/proc/{}/ns/{proc_name}", i.pid)))
     };
-    let mut out = vec![("mount", None)];
+    let mut out = vec![ns(T::Mount, None)];
     // First: the runtime joins the pod's user namespace before making the others in it.
     if let Some(userns) = &sb.userns {
-        out.insert(0, ("user", Some(userns.clone())));
+        out.insert(0, ns(T::User, Some(userns.clone())));
     }
     if let Some(netns) = &sb.netns {
-        out.push(("network", Some(netns.clone())));
-        out.push(("uts", infra_ns("uts").or_else(|| sb.utsns.clone())));
+        out.push(ns(T::Network, Some(netns.clone())));
+        out.push(ns(T::Uts, infra_ns("uts").or_else(|| sb.utsns.clone())));
     }
     if !sb.config.host_ipc() {
-        out.push(("ipc", infra_ns("ipc").or_else(|| sb.ipcns.clone())));
+        out.push(ns(T::Ipc, infra_ns("ipc").or_else(|| sb.ipcns.clone())));
     }
     match c.security.pid {
         NamespaceMode::Node => {}
-        NamespaceMode::Container => out.push(("pid", None)),
+        NamespaceMode::Container => out.push(ns(T::Pid, None)),
         NamespaceMode::Pod if sb.config.host_pid() => {}
         // POD is the proto's zero value: in a pod without a shared PID namespace (kubelet
         // then sends CONTAINER anyway) it means the container's own.
-        NamespaceMode::Pod => out.push(("pid", infra_ns("pid"))),
+        NamespaceMode::Pod => out.push(ns(T::Pid, infra_ns("pid"))),
         NamespaceMode::Target => {
             let target = rt.container_record(&c.security.target_id)?;
             if target.state != ContainerState::Running || target.sandbox_id != sb.id {
@@ -430,8 +437,8 @@ fn namespaces(
                     c.security.target_id
                 )));
             }
-            out.push((
-                "pid",
+            out.push(ns(
+                T::Pid,
                 Some(PathBuf::from(format!("/proc/{}/ns/pid", target.pid))),
             ));
         }
@@ -439,7 +446,7 @@ fn namespaces(
     // On a cgroup v2 host a container sees its own cgroup as the root (containerd and CRI-O
     // do the same); v1 and hybrid hosts get the runtime's bind mounts of its own cgroups.
     if crate::oci::spec::cgroup_v2_only() && !c.security.privileged {
-        out.push(("cgroup", None));
+        out.push(ns(T::Cgroup, None));
     }
     Ok(out)
 }

@@ -1,13 +1,17 @@
-//! OCI bundle generation with `oci-spec`: the infra (pause) container's spec. The infra
-//! rootfs is prepared by the daemon (one static binary, read-only), so no image is needed.
+//! OCI bundle generation with `oci-spec`: the parts every container's spec shares — the
+//! namespaces (typed, one way of naming them), mounts, the pod's id mappings, /dev/shm, the
+//! CRI and CRI-O annotations, the standard filesystem — and the infra (pause) container's
+//! spec built from them. An application container's spec (`container::spec`) is built from
+//! the same parts. The infra rootfs is prepared by the daemon (one static binary,
+//! read-only), so no image is needed.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
-    Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxNamespace, LinuxNamespaceBuilder,
-    LinuxNamespaceType, Mount, MountBuilder, ProcessBuilder, RootBuilder, Spec, SpecBuilder,
-    UserBuilder,
+    Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxIdMapping, LinuxIdMappingBuilder,
+    LinuxNamespace, LinuxNamespaceBuilder, LinuxNamespaceType, Mount, MountBuilder, ProcessBuilder,
+    RootBuilder, Spec, SpecBuilder, UserBuilder,
 };
 
 use crate::error::HostError;
@@ -64,7 +68,8 @@ pub struct InfraSpec {
     pub sysctls: HashMap<String, String>,
 }
 
-fn ns(typ: LinuxNamespaceType, path: Option<&Path>) -> LinuxNamespace {
+/// A namespace the container gets: joined by `path`, or a new one (`None`).
+pub(crate) fn namespace(typ: LinuxNamespaceType, path: Option<&Path>) -> LinuxNamespace {
     let b = LinuxNamespaceBuilder::default().typ(typ);
     match path {
         Some(p) => b.path(p.to_path_buf()),
@@ -74,7 +79,13 @@ fn ns(typ: LinuxNamespaceType, path: Option<&Path>) -> LinuxNamespace {
     .expect("namespace fields are set")
 }
 
-fn mount(dest: &str, typ: &str, source: &Path, options: &[&str]) -> Result<Mount, HostError> {
+/// One mount of the spec.
+pub(crate) fn mount(
+    dest: &str,
+    typ: &str,
+    source: &Path,
+    options: &[&str],
+) -> Result<Mount, HostError> {
     MountBuilder::default()
         .destination(PathBuf::from(dest))
         .typ(typ.to_string())
@@ -153,6 +164,71 @@ pub(crate) fn standard_mounts(writable: bool, bind_sys: bool) -> Vec<StdMount> {
     ]
 }
 
+/// /dev/shm: the pod's shm tmpfs bound; with host IPC (no pod shm) the host's /dev/shm
+/// bound; else (a trial container with neither) a tmpfs of its own.
+pub(crate) fn shm_mount(shm: Option<&Path>, host_ipc: bool) -> Result<Mount, HostError> {
+    let bind = ["rbind", "nosuid", "nodev", "noexec"];
+    match (shm, host_ipc) {
+        (Some(shm), _) => mount("/dev/shm", "bind", shm, &bind),
+        (None, true) if Path::new("/dev/shm").is_dir() => {
+            mount("/dev/shm", "bind", Path::new("/dev/shm"), &bind)
+        }
+        (None, _) => mount(
+            "/dev/shm",
+            "tmpfs",
+            Path::new("shm"),
+            &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+        ),
+    }
+}
+
+/// The uid and gid mappings of a pod's user namespace.
+pub(crate) fn id_mappings(
+    map: &crate::model::sandbox::IdMap,
+) -> (Vec<LinuxIdMapping>, Vec<LinuxIdMapping>) {
+    let ranges = |m: &[crate::model::sandbox::IdMapping]| {
+        m.iter()
+            .map(|r| {
+                LinuxIdMappingBuilder::default()
+                    .container_id(r.container_id)
+                    .host_id(r.host_id)
+                    .size(r.length)
+                    .build()
+                    .expect("id mapping fields are set")
+            })
+            .collect::<Vec<_>>()
+    };
+    (ranges(&map.uids), ranges(&map.gids))
+}
+
+/// Which container of the pod a spec is for, as the annotations say it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ContainerType {
+    /// The infra container (or the runtime's sandbox).
+    Sandbox,
+    /// An application container.
+    Container,
+}
+
+/// The annotations by which runtimes tell a pod's containers apart and group them: CRI's
+/// and CRI-O's names, both (sandboxed runtimes such as runsc and Kata read either to put
+/// the containers of one pod into one sandbox).
+pub(crate) fn pod_annotations(kind: ContainerType, sandbox_id: &str) -> HashMap<String, String> {
+    let kind = match kind {
+        ContainerType::Sandbox => "sandbox",
+        ContainerType::Container => "container",
+    };
+    [
+        ("io.kubernetes.cri.container-type", kind),
+        ("io.kubernetes.cri.sandbox-id", sandbox_id),
+        ("io.kubernetes.cri-o.ContainerType", kind),
+        ("io.kubernetes.cri-o.SandboxID", sandbox_id),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
 /// Does this host run the unified cgroup v2 hierarchy alone (where a container gets a cgroup
 /// namespace of its own, as containerd and CRI-O give it)?
 pub fn cgroup_v2_only() -> bool {
@@ -197,46 +273,27 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
         .build()
         .map_err(|e| err("process", e))?;
 
-    let mut namespaces = vec![ns(LinuxNamespaceType::Mount, None)];
+    let mut namespaces = vec![namespace(LinuxNamespaceType::Mount, None)];
     if let Some((userns, _)) = &s.userns {
-        namespaces.push(ns(LinuxNamespaceType::User, Some(userns)));
+        namespaces.push(namespace(LinuxNamespaceType::User, Some(userns)));
     }
     if !s.host_pid {
-        namespaces.push(ns(LinuxNamespaceType::Pid, None));
+        namespaces.push(namespace(LinuxNamespaceType::Pid, None));
     }
     if !s.host_ipc {
-        namespaces.push(ns(LinuxNamespaceType::Ipc, None));
+        namespaces.push(namespace(LinuxNamespaceType::Ipc, None));
     }
     let own_network = s.netns.is_some() || s.private_netns;
     if own_network {
-        namespaces.push(ns(LinuxNamespaceType::Network, s.netns.as_deref()));
-        namespaces.push(ns(LinuxNamespaceType::Uts, None));
+        namespaces.push(namespace(LinuxNamespaceType::Network, s.netns.as_deref()));
+        namespaces.push(namespace(LinuxNamespaceType::Uts, None));
     }
 
     let mut mounts = standard_mounts(false, s.userns.is_some() && s.netns.is_none())
         .into_iter()
         .map(|(dest, typ, src, opts)| mount(dest, typ, Path::new(src), &opts))
         .collect::<Result<Vec<_>, _>>()?;
-    match (&s.shm, s.host_ipc) {
-        (Some(shm), _) => mounts.push(mount(
-            "/dev/shm",
-            "bind",
-            shm,
-            &["rbind", "nosuid", "nodev", "noexec"],
-        )?),
-        (None, true) if Path::new("/dev/shm").is_dir() => mounts.push(mount(
-            "/dev/shm",
-            "bind",
-            Path::new("/dev/shm"),
-            &["rbind", "nosuid", "nodev", "noexec"],
-        )?),
-        (None, _) => mounts.push(mount(
-            "/dev/shm",
-            "tmpfs",
-            Path::new("shm"),
-            &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
-        )?),
-    }
+    mounts.push(shm_mount(s.shm.as_deref(), s.host_ipc)?);
     for (dest, src) in [
         ("/etc/resolv.conf", &s.resolv_conf),
         ("/etc/hosts", &s.hosts),
@@ -253,21 +310,8 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
     let defaults = oci_spec::runtime::Linux::default();
     let mut linux = LinuxBuilder::default();
     if let Some((_, map)) = &s.userns {
-        let ranges = |m: &[crate::model::sandbox::IdMapping]| {
-            m.iter()
-                .map(|r| {
-                    oci_spec::runtime::LinuxIdMappingBuilder::default()
-                        .container_id(r.container_id)
-                        .host_id(r.host_id)
-                        .size(r.length)
-                        .build()
-                        .expect("id mapping fields are set")
-                })
-                .collect::<Vec<_>>()
-        };
-        linux = linux
-            .uid_mappings(ranges(&map.uids))
-            .gid_mappings(ranges(&map.gids));
+        let (uids, gids) = id_mappings(map);
+        linux = linux.uid_mappings(uids).gid_mappings(gids);
     }
     let linux = linux
         .sysctl(s.sysctls.clone())
@@ -277,15 +321,7 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
         .readonly_paths(defaults.readonly_paths().clone().unwrap_or_default())
         .build()
         .map_err(|e| err("linux", e))?;
-    let mut annotations = HashMap::new();
-    annotations.insert(
-        "io.kubernetes.cri.container-type".to_string(),
-        "sandbox".to_string(),
-    );
-    annotations.insert(
-        "io.kubernetes.cri.sandbox-id".to_string(),
-        s.sandbox_id.clone(),
-    );
+    let mut annotations = pod_annotations(ContainerType::Sandbox, &s.sandbox_id);
     for (k, v) in [
         ("io.kubernetes.cri.sandbox-name", &s.metadata.name),
         ("io.kubernetes.cri.sandbox-namespace", &s.metadata.namespace),
@@ -293,16 +329,6 @@ pub fn infra(s: &InfraSpec) -> Result<Spec, HostError> {
     ] {
         annotations.insert(k.to_string(), v.clone());
     }
-    // CRI-O's names too: sandboxed runtimes (runsc, Kata) read either to put the
-    // containers of one pod into one sandbox.
-    annotations.insert(
-        "io.kubernetes.cri-o.ContainerType".to_string(),
-        "sandbox".to_string(),
-    );
-    annotations.insert(
-        "io.kubernetes.cri-o.SandboxID".to_string(),
-        s.sandbox_id.clone(),
-    );
     let mut b = SpecBuilder::default()
         .version("1.0.2")
         .process(process)

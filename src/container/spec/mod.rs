@@ -16,7 +16,8 @@ use serde_json::{json, Value};
 use super::{ContainerConfig, Propagation};
 use crate::error::{Error, Result};
 use crate::image::ExecConfig;
-use crate::oci::spec::{DEFAULT_CAPABILITIES, DEFAULT_PATH};
+use crate::oci::spec::{self as ocispec, ContainerType, DEFAULT_CAPABILITIES, DEFAULT_PATH};
+use oci_spec::runtime::{LinuxNamespace, Mount};
 pub(crate) use validate::clean_abs;
 use validate::invalid;
 
@@ -189,8 +190,8 @@ pub struct Inputs<'a> {
     pub user: User,
     pub hostname: String,
     pub cgroup: &'a str,
-    /// `(type, path)`: path `None` = a new namespace of that type.
-    pub namespaces: Vec<(&'static str, Option<PathBuf>)>,
+    /// The namespaces, in the order the runtime makes or joins them.
+    pub namespaces: Vec<LinuxNamespace>,
     /// The sandbox's shm (None = host IPC: the host's /dev/shm).
     pub shm: Option<PathBuf>,
     pub host_network: bool,
@@ -220,8 +221,8 @@ pub struct DeviceNode {
     pub permissions: String,
 }
 
-fn mnt(dest: &str, typ: &str, source: &str, options: &[&str]) -> Value {
-    json!({"destination": dest, "type": typ, "source": source, "options": options})
+fn mnt(dest: &str, typ: &str, source: &Path, options: &[&str]) -> Result<Mount> {
+    ocispec::mount(dest, typ, source, options).map_err(Error::Host)
 }
 
 /// Builds the spec.
@@ -238,23 +239,13 @@ pub fn build(i: &Inputs) -> Result<oci_spec::runtime::Spec> {
         "/".to_string()
     };
     let user_mount_at = |d: &str| c.mounts.iter().any(|m| m.container_path == d);
-    let mut mounts: Vec<Value> =
-        crate::oci::spec::standard_mounts(s.privileged, i.id_map.is_some() && i.host_network)
+    let mut mounts: Vec<Mount> =
+        ocispec::standard_mounts(s.privileged, i.id_map.is_some() && i.host_network)
             .into_iter()
-            .map(|(dest, typ, src, opts)| mnt(dest, typ, src, &opts))
-            .collect();
-    let shm = i
-        .shm
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("/dev/shm"))
-        .to_string_lossy()
-        .into_owned();
-    mounts.push(mnt(
-        "/dev/shm",
-        "bind",
-        &shm,
-        &["rbind", "nosuid", "nodev", "noexec"],
-    ));
+            .map(|(dest, typ, src, opts)| mnt(dest, typ, Path::new(src), &opts))
+            .collect::<Result<_>>()?;
+    // No pod shm: the pod is on the host's IPC namespace.
+    mounts.push(ocispec::shm_mount(i.shm.as_deref(), true)?);
     let etc_mode = if s.readonly_rootfs { "ro" } else { "rw" };
     for (dest, file) in [
         ("/etc/hosts", "hosts"),
@@ -262,13 +253,12 @@ pub fn build(i: &Inputs) -> Result<oci_spec::runtime::Spec> {
         ("/etc/hostname", "hostname"),
     ] {
         if !user_mount_at(dest) {
-            let src = i.sandbox_dir.join(file).to_string_lossy().into_owned();
             mounts.push(mnt(
                 dest,
                 "bind",
-                &src,
+                &i.sandbox_dir.join(file),
                 &["rbind", "rprivate", "nosuid", "nodev", "noexec", etc_mode],
-            ));
+            )?);
         }
     }
     // User mounts last, so they win over the defaults at the same place.
@@ -281,20 +271,17 @@ pub fn build(i: &Inputs) -> Result<oci_spec::runtime::Spec> {
             Propagation::Bidirectional => "rshared",
         };
         // (A recursively read-only mount's source is a read-only tree made for it.)
-        mounts.retain(|x| x["destination"] != m.container_path.as_str());
+        mounts.retain(|x| x.destination() != Path::new(&m.container_path));
         let mut options = vec!["rbind", prop, if m.readonly { "ro" } else { "rw" }];
         options.extend(m.mount_options.iter().map(String::as_str));
-        mounts.push(mnt(&m.container_path, "bind", &m.host_path, &options));
+        mounts.push(mnt(
+            &m.container_path,
+            "bind",
+            Path::new(&m.host_path),
+            &options,
+        )?);
     }
 
-    let namespaces: Vec<Value> = i
-        .namespaces
-        .iter()
-        .map(|(t, p)| match p {
-            Some(p) => json!({"type": t, "path": p}),
-            None => json!({"type": t}),
-        })
-        .collect();
     let mut dev_rules = vec![json!({"allow": s.privileged, "access": "rwm"})];
     let mut devices = Vec::new();
     for d in &i.devices {
@@ -321,7 +308,7 @@ pub fn build(i: &Inputs) -> Result<oci_spec::runtime::Spec> {
     };
     let mut linux = json!({
         "sysctl": i.sysctls,
-        "namespaces": namespaces,
+        "namespaces": i.namespaces,
         "cgroupsPath": i.cgroup,
         "resources": resources,
         "devices": devices,
@@ -332,13 +319,9 @@ pub fn build(i: &Inputs) -> Result<oci_spec::runtime::Spec> {
         linux["seccomp"] = sc.clone();
     }
     if let Some(m) = i.id_map {
-        let ranges = |r: &[crate::model::sandbox::IdMapping]| {
-            r.iter()
-                .map(|r| json!({"containerID": r.container_id, "hostID": r.host_id, "size": r.length}))
-                .collect::<Vec<_>>()
-        };
-        linux["uidMappings"] = json!(ranges(&m.uids));
-        linux["gidMappings"] = json!(ranges(&m.gids));
+        let (uids, gids) = ocispec::id_mappings(m);
+        linux["uidMappings"] = json!(uids);
+        linux["gidMappings"] = json!(gids);
     }
     // A mount that propagates needs the container's rootfs to propagate as well (as
     // containerd sets it): shared for bidirectional, slave for host-to-container.
@@ -359,14 +342,11 @@ pub fn build(i: &Inputs) -> Result<oci_spec::runtime::Spec> {
         .iter()
         .map(|(k, v)| (k.clone(), json!(v)))
         .collect();
-    for (k, v) in [
-        ("io.kubernetes.cri.container-type", "container"),
-        ("io.kubernetes.cri.sandbox-id", i.sandbox_id),
+    let ours = ocispec::pod_annotations(ContainerType::Container, i.sandbox_id);
+    for (k, v) in ours.iter().map(|(k, v)| (k.as_str(), v.as_str())).chain([
         ("io.kubernetes.cri.container-name", c.metadata.name.as_str()),
         ("io.kubernetes.cri.image-name", i.image_name),
-        ("io.kubernetes.cri-o.ContainerType", "container"),
-        ("io.kubernetes.cri-o.SandboxID", i.sandbox_id),
-    ] {
+    ]) {
         annotations.insert(k.into(), json!(v));
     }
     let mut spec = json!({
