@@ -100,48 +100,40 @@ fn create_mounts_the_rootfs_then_has_the_runtime_create_the_container() {
     assert_eq!(on_disk.state, ContainerState::Created);
 }
 
-#[test]
-fn a_failed_rootfs_mount_rolls_back_everything() {
-    let h = Harness::new("ctr-rollmount");
+/// Fails `op` once in a create: the error names `step`, the calls are `done` then the
+/// rollback's (whatever the runtime might have deleted, the cgroup, the rootfs unmounted),
+/// nothing is left, and kubelet's retry succeeds (the name is free).
+fn rolled_back(tag: &str, op: Op, step_named: &str, done: &[Op]) {
+    let h = Harness::new(tag);
     let sb = setup(&h, "roll");
-    h.fake.fail_next(Op::MountOverlay, 1);
+    h.fake.fail_next(op, 1);
     let e = h.rt.create_container(&sb, &container("app")).unwrap_err();
-    assert_eq!(step(&e), "mount rootfs");
-    // The rollback deletes whatever the runtime might have and unmounts what might be.
-    assert_eq!(
-        h.ops(),
-        vec![
-            Op::MountOverlay,
-            Op::RuntimeDelete,
-            Op::RemoveCgroup,
-            Op::Unmount
-        ]
-    );
+    assert_eq!(step(&e), step_named);
+    assert!(e.to_string().contains("injected failure"), "{e}");
+    let rollback = [Op::RuntimeDelete, Op::RemoveCgroup, Op::Unmount];
+    assert_eq!(h.ops(), [done, &rollback].concat());
     assert_no_container_left(&h);
-    // The name is free: kubelet's retry succeeds.
     h.rt.create_container(&sb, &container("app")).unwrap();
 }
 
 #[test]
-fn a_failed_runtime_create_rolls_back_in_teardown_order() {
-    let h = Harness::new("ctr-rollcreate");
-    let sb = setup(&h, "roll");
-    h.fake.fail_next(Op::RuntimeCreate, 1);
-    let e = h.rt.create_container(&sb, &container("app")).unwrap_err();
-    assert_eq!(step(&e), "create container");
-    assert!(e.to_string().contains("injected failure"), "{e}");
-    assert_eq!(
-        h.ops(),
-        vec![
-            Op::MountOverlay,
-            Op::RuntimeCreate,
-            Op::RuntimeDelete,
-            Op::RemoveCgroup,
-            Op::Unmount
-        ]
+fn a_failed_rootfs_mount_rolls_back_everything() {
+    rolled_back(
+        "ctr-rollmount",
+        Op::MountOverlay,
+        "mount rootfs",
+        &[Op::MountOverlay],
     );
-    assert_no_container_left(&h);
-    h.rt.create_container(&sb, &container("app")).unwrap();
+}
+
+#[test]
+fn a_failed_runtime_create_rolls_back_in_teardown_order() {
+    rolled_back(
+        "ctr-rollcreate",
+        Op::RuntimeCreate,
+        "create container",
+        &[Op::MountOverlay, Op::RuntimeCreate],
+    );
 }
 
 #[test]
