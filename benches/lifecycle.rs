@@ -18,6 +18,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use sandboxd::counters::Step;
 use sandboxd::{Config, PodSandboxConfig, Runtime, SandboxFilter};
 
 #[path = "floor/mod.rs"]
@@ -95,6 +96,8 @@ struct Phase {
     /// Of `own`: waits for record fsyncs, and for namespace creation.
     sync: Vec<Duration>,
     ns: Vec<Duration>,
+    /// Where the wall time went, by the floor's columns.
+    steps: Vec<floor::Steps>,
 }
 
 impl Phase {
@@ -104,6 +107,7 @@ impl Phase {
         self.cpu.extend(&o.cpu);
         self.sync.extend(&o.sync);
         self.ns.extend(&o.ns);
+        self.steps.extend(&o.steps);
     }
 }
 
@@ -145,6 +149,7 @@ fn timed<T>(phase: &mut Phase, f: impl FnOnce() -> T) -> T {
         sandboxd::counters::sync_wait(),
         sandboxd::counters::pin_wait(),
     );
+    let steps0 = Step::ALL.map(sandboxd::counters::step_time);
     let t = Instant::now();
     let r = f();
     let wall = t.elapsed();
@@ -152,9 +157,61 @@ fn timed<T>(phase: &mut Phase, f: impl FnOnce() -> T) -> T {
     phase.wall.push(wall);
     phase.own.push(wall.saturating_sub(c1 - c0));
     phase.cpu.push(cpu_time() - cpu0);
-    phase.sync.push(sandboxd::counters::sync_wait() - s0);
-    phase.ns.push(sandboxd::counters::pin_wait() - n0);
+    let (sync, ns) = (
+        sandboxd::counters::sync_wait() - s0,
+        sandboxd::counters::pin_wait() - n0,
+    );
+    phase.sync.push(sync);
+    phase.ns.push(ns);
+    let mut st = floor::Steps::default();
+    for (s, before) in Step::ALL.iter().zip(steps0) {
+        let took = sandboxd::counters::step_time(*s) - before;
+        let col = match s {
+            Step::Namespaces => floor::NETNS,
+            Step::CniAdd => floor::CNI_ADD,
+            Step::CniDel => floor::CNI_DEL,
+            Step::RuntimeCreate => floor::CREATE,
+            Step::RuntimeStart => floor::START,
+            Step::RuntimeStop => floor::KILL,
+            Step::RuntimeDelete => floor::DELETE,
+            _ => floor::OTHER,
+        };
+        st[col] += took;
+    }
+    // The pins are made on their own thread: what the verb waited for them counts.
+    st[floor::NETNS] += ns;
+    st[floor::FSYNC] = sync;
+    st[floor::REST] = wall.saturating_sub(st.iter().sum());
+    phase.steps.push(st);
     r
+}
+
+/// The per-step table's rows for one phase: the floor's and sandboxd's p50 of each column
+/// (each column on its own), then the walls' p50 and their ratio.
+fn step_rows(infra: bool, phase: &str, fl: (&[Duration], &[floor::Steps]), us: &Phase) {
+    let cols = |steps: &[floor::Steps]| -> Vec<String> {
+        (0..floor::COLUMNS.len())
+            .map(|c| {
+                let v: Vec<Duration> = steps.iter().map(|s| s[c]).collect();
+                if v.iter().all(|d| d.is_zero()) {
+                    "—".to_string()
+                } else {
+                    format!("{:.2}", pct(&v, 50.0))
+                }
+            })
+            .collect()
+    };
+    let (fw, uw) = (pct(fl.0, 50.0), pct(&us.wall, 50.0));
+    let infra = if infra { "yes" } else { "no" };
+    println!(
+        "| {infra} | {phase} | floor | {fw:.2} | {} | |",
+        cols(fl.1).join(" | ")
+    );
+    println!(
+        "| {infra} | {phase} | sandboxd | {uw:.2} | {} | {:+.0}% |",
+        cols(&us.steps).join(" | "),
+        (uw / fw - 1.0) * 100.0
+    );
 }
 
 fn run_config(rt: &Runtime, pods: usize, conc: usize, infra: bool) -> ([Phase; 4], Duration, f64) {
@@ -408,6 +465,22 @@ fn main() {
                 pct(&f.remove, 50.0),
                 (us / fl - 1.0) * 100.0,
             );
+        }
+    }
+    if !floors.is_empty() && !breakdowns.is_empty() {
+        println!();
+        println!("Per step at concurrency 1 (p50 ms, each column on its own, so the columns need not add up to the wall): the floor's process calls beside the host steps sandboxd ordered in the same phase. *netns*: the floor's `ip netns add`/`del`, sandboxd's wait for its pinning thread plus the pins' removal; *runtime …*: runc with its monitor (sandboxd) or bare (floor); *other host steps*: mounts, sysctls, cgroups, the CNI cache, `runtime state`; *rest*: the wall minus every step and fsync — sandboxd's own code. A phase ends when its last call returns, so sandboxd's stop includes removing the network namespace, which the floor leaves to remove:");
+        println!();
+        println!(
+            "| infra process | phase | who | wall | {} | vs floor |",
+            floor::COLUMNS.join(" | ")
+        );
+        println!("|{}", "---|".repeat(floor::COLUMNS.len() + 5));
+        for ((infra, f), (_, phases)) in floors.iter().zip(&breakdowns) {
+            let [run, _, stop, remove] = phases;
+            step_rows(*infra, "run", (&f.run, &f.steps[0]), run);
+            step_rows(*infra, "stop", (&f.stop, &f.steps[1]), stop);
+            step_rows(*infra, "remove", (&f.remove, &f.steps[2]), remove);
         }
     }
     println!();

@@ -13,12 +13,49 @@ use std::time::{Duration, Instant};
 use sandboxd::cni::{Attachment, NetworkList};
 use serde_json::Value;
 
-/// Per-phase samples of the floor, and its total time.
+/// The columns of the per-step breakdown, for the floor and sandboxd alike: what each
+/// lifecycle phase spent where.
+pub const COLUMNS: [&str; 10] = [
+    "netns",
+    "CNI ADD",
+    "CNI DEL",
+    "runtime create",
+    "runtime start",
+    "runtime kill+wait",
+    "runtime delete",
+    "other host steps",
+    "record fsyncs",
+    "rest",
+];
+pub const NETNS: usize = 0;
+pub const CNI_ADD: usize = 1;
+pub const CNI_DEL: usize = 2;
+pub const CREATE: usize = 3;
+pub const START: usize = 4;
+pub const KILL: usize = 5;
+pub const DELETE: usize = 6;
+pub const OTHER: usize = 7;
+pub const FSYNC: usize = 8;
+pub const REST: usize = 9;
+
+/// One phase of one lifecycle, by column.
+pub type Steps = [Duration; 10];
+
+/// Per-phase samples of the floor (wall time and its steps), and its total time.
 pub struct Floor {
     pub run: Vec<Duration>,
     pub stop: Vec<Duration>,
     pub remove: Vec<Duration>,
+    pub steps: [Vec<Steps>; 3],
     pub wall: Duration,
+}
+
+/// Adds the time `f` takes to column `col` of `steps`.
+fn step<T>(steps: &mut Steps, col: usize, f: impl FnOnce() -> T) -> T {
+    let t = Instant::now();
+    let r = f();
+    steps[col] += t.elapsed();
+    r
 }
 
 /// What the floor needs from the benchmark's runtime.
@@ -117,6 +154,7 @@ pub fn measure(s: &Setup, pods: usize) -> Floor {
         run: Vec::new(),
         stop: Vec::new(),
         remove: Vec::new(),
+        steps: Default::default(),
         wall: Duration::ZERO,
     };
     for i in 0..pods {
@@ -167,45 +205,59 @@ pub fn measure(s: &Setup, pods: usize) -> Floor {
         };
         let ip = |args: &[&str]| must(Command::new("ip").args(args), "ip netns", &log);
 
+        let mut st = Steps::default();
         let t = Instant::now();
-        ip(&["netns", "add", &name]);
+        step(&mut st, NETNS, || ip(&["netns", "add", &name]));
         let mut prev: Option<Value> = None;
-        for p in &s.list.plugins {
-            let conf = s.list.plugin_stdin(p, prev.as_ref(), &att);
-            prev = plugin(s, "ADD", &netns, &att, &conf);
-        }
+        step(&mut st, CNI_ADD, || {
+            for p in &s.list.plugins {
+                let conf = s.list.plugin_stdin(p, prev.as_ref(), &att);
+                prev = plugin(s, "ADD", &netns, &att, &conf);
+            }
+        });
         if s.infra_spec.is_some() {
             let pid_file = bundle.join("pid");
-            runc(&[
-                "create",
-                "--bundle",
-                bundle.to_str().unwrap(),
-                "--pid-file",
-                pid_file.to_str().unwrap(),
-                &name,
-            ]);
-            runc(&["start", &name]);
+            step(&mut st, CREATE, || {
+                runc(&[
+                    "create",
+                    "--bundle",
+                    bundle.to_str().unwrap(),
+                    "--pid-file",
+                    pid_file.to_str().unwrap(),
+                    &name,
+                ])
+            });
+            step(&mut st, START, || runc(&["start", &name]));
         }
         f.run.push(t.elapsed());
+        f.steps[0].push(st);
 
         let pid: Option<i32> = std::fs::read_to_string(bundle.join("pid"))
             .ok()
             .and_then(|p| p.trim().parse().ok());
+        let mut st = Steps::default();
         let t = Instant::now();
         if let Some(pid) = pid {
-            runc(&["kill", &name, "KILL"]);
-            wait_gone(pid);
-            runc(&["delete", &name]);
+            step(&mut st, KILL, || {
+                runc(&["kill", &name, "KILL"]);
+                wait_gone(pid);
+            });
+            step(&mut st, DELETE, || runc(&["delete", &name]));
         }
-        for p in s.list.plugins.iter().rev() {
-            let conf = s.list.plugin_stdin(p, prev.as_ref(), &att);
-            plugin(s, "DEL", &netns, &att, &conf);
-        }
+        step(&mut st, CNI_DEL, || {
+            for p in s.list.plugins.iter().rev() {
+                let conf = s.list.plugin_stdin(p, prev.as_ref(), &att);
+                plugin(s, "DEL", &netns, &att, &conf);
+            }
+        });
         f.stop.push(t.elapsed());
+        f.steps[1].push(st);
 
+        let mut st = Steps::default();
         let t = Instant::now();
-        ip(&["netns", "del", &name]);
+        step(&mut st, NETNS, || ip(&["netns", "del", &name]));
         f.remove.push(t.elapsed());
+        f.steps[2].push(st);
         let _ = std::fs::remove_dir_all(&bundle);
         let _ = std::fs::remove_file(&log);
     }

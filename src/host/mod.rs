@@ -25,6 +25,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::cni::{Attachment, CacheEntry, Cni, CniError, NetworkList};
+use crate::counters::{timed, Step};
 use crate::error::HostError;
 use crate::netns::{PinRequest, Pinning};
 use crate::oci::{ContainerFiles, OciRuntime, RuntimeError, RuntimeState};
@@ -162,12 +163,13 @@ pub(crate) trait Host: Send + Sync {
     ) -> Result<(), HostError>;
 }
 
-/// The host itself: each method is the function it names, nothing added.
+/// The host itself: each method is the function it names, its wall time added to its step's
+/// benchmark counter (`counters::Step`).
 pub(crate) struct RealHost;
 
 impl Host for RealHost {
     fn make_shared_dir(&self, dir: &Path) -> Result<(), HostError> {
-        crate::mounts::make_shared_dir(dir)
+        timed(Step::Namespaces, || crate::mounts::make_shared_dir(dir))
     }
 
     fn pin_namespaces(&self, req: &PinRequest) -> Result<Pinning, HostError> {
@@ -175,7 +177,7 @@ impl Host for RealHost {
     }
 
     fn remove_namespace(&self, path: &Path) -> Result<(), HostError> {
-        crate::netns::remove(path)
+        timed(Step::Namespaces, || crate::netns::remove(path))
     }
 
     fn is_namespace(&self, path: &Path) -> bool {
@@ -189,11 +191,13 @@ impl Host for RealHost {
         uts: Option<&Path>,
         sysctls: &[(String, String, Ns)],
     ) -> Result<(), HostError> {
-        crate::netns::apply_sysctls(net, ipc, uts, sysctls)
+        timed(Step::Sysctls, || {
+            crate::netns::apply_sysctls(net, ipc, uts, sysctls)
+        })
     }
 
     fn cni_add(&self, cni: &Cni, list: &NetworkList, att: &Attachment) -> Result<Value, CniError> {
-        cni.add(list, att)
+        timed(Step::CniAdd, || cni.add(list, att))
     }
 
     fn cni_del(
@@ -203,19 +207,19 @@ impl Host for RealHost {
         att: &Attachment,
         result: Option<&Value>,
     ) -> Result<(), CniError> {
-        cni.del(list, att, result)
+        timed(Step::CniDel, || cni.del(list, att, result))
     }
 
     fn cni_save_cache(&self, cni: &Cni, id: &str, entry: &CacheEntry) -> Result<(), CniError> {
-        cni.save_cache(id, entry)
+        timed(Step::CniCache, || cni.save_cache(id, entry))
     }
 
     fn mount_shm(&self, path: &Path, size: u64) -> Result<(), HostError> {
-        crate::mounts::mount_shm(path, size)
+        timed(Step::Mounts, || crate::mounts::mount_shm(path, size))
     }
 
     fn unmount_all(&self, path: &Path) -> Result<(), HostError> {
-        crate::mounts::unmount_all(path)
+        timed(Step::Mounts, || crate::mounts::unmount_all(path))
     }
 
     fn mount_tree_copy(
@@ -225,7 +229,9 @@ impl Host for RealHost {
         readonly: bool,
         userns: Option<BorrowedFd<'_>>,
     ) -> Result<(), HostError> {
-        crate::mounts::mount_tree_copy(source, target, readonly, userns)
+        timed(Step::Mounts, || {
+            crate::mounts::mount_tree_copy(source, target, readonly, userns)
+        })
     }
 
     fn mount_overlay(
@@ -235,7 +241,9 @@ impl Host for RealHost {
         work: &Path,
         target: &Path,
     ) -> Result<(), HostError> {
-        crate::mounts::mount_overlay(lower, upper, work, target)
+        timed(Step::Mounts, || {
+            crate::mounts::mount_overlay(lower, upper, work, target)
+        })
     }
 
     fn mount_idmapped_overlay(
@@ -247,7 +255,9 @@ impl Host for RealHost {
         scratch: &Path,
         target: &Path,
     ) -> Result<(), HostError> {
-        crate::userns::mount_overlay(userns, host_root, lower, ovl, scratch, target)
+        timed(Step::Mounts, || {
+            crate::userns::mount_overlay(userns, host_root, lower, ovl, scratch, target)
+        })
     }
 
     fn runtime_create(
@@ -257,7 +267,7 @@ impl Host for RealHost {
         bundle: &Path,
         files: &ContainerFiles,
     ) -> Result<i32, RuntimeError> {
-        runtime.create(id, bundle, files)
+        timed(Step::RuntimeCreate, || runtime.create(id, bundle, files))
     }
 
     fn runtime_start(
@@ -266,7 +276,7 @@ impl Host for RealHost {
         id: &str,
         log: &Path,
     ) -> Result<(), RuntimeError> {
-        runtime.start(id, log)
+        timed(Step::RuntimeStart, || runtime.start(id, log))
     }
 
     fn runtime_kill(
@@ -277,11 +287,11 @@ impl Host for RealHost {
         all: bool,
         log: &Path,
     ) -> Result<(), RuntimeError> {
-        runtime.kill(id, signal, all, log)
+        timed(Step::RuntimeStop, || runtime.kill(id, signal, all, log))
     }
 
     fn wait_exit(&self, files: &ContainerFiles, pid: i32, limit: Duration) -> Result<(), String> {
-        files.wait_exit(pid, limit)
+        timed(Step::RuntimeStop, || files.wait_exit(pid, limit))
     }
 
     fn runtime_delete(
@@ -290,7 +300,7 @@ impl Host for RealHost {
         id: &str,
         log: &Path,
     ) -> Result<(), RuntimeError> {
-        runtime.delete(id, log)
+        timed(Step::RuntimeDelete, || runtime.delete(id, log))
     }
 
     fn runtime_state(
@@ -298,11 +308,11 @@ impl Host for RealHost {
         runtime: &OciRuntime,
         id: &str,
     ) -> Result<Option<RuntimeState>, RuntimeError> {
-        runtime.state(id)
+        timed(Step::RuntimeState, || runtime.state(id))
     }
 
     fn remove_cgroup(&self, cgroup: &str) -> Result<(), HostError> {
-        crate::cgroups::remove(cgroup)
+        timed(Step::Cgroups, || crate::cgroups::remove(cgroup))
     }
 
     fn set_cgroup_limits(
@@ -310,6 +320,6 @@ impl Host for RealHost {
         cgroup: &str,
         limits: &crate::cgroups::PodLimits,
     ) -> Result<(), HostError> {
-        crate::cgroups::set_limits(cgroup, limits)
+        timed(Step::Cgroups, || crate::cgroups::set_limits(cgroup, limits))
     }
 }
