@@ -18,6 +18,8 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use sandboxd::api::v1 as cri;
+use sandboxd::api::v1::runtime_service_client::RuntimeServiceClient;
 use sandboxd::counters::Step;
 use sandboxd::{Config, PodSandboxConfig, Runtime, SandboxFilter};
 
@@ -27,6 +29,9 @@ mod floor;
 const SUBNET: &str = "10.254.0.0/22";
 const BRIDGE: &str = "sbbench0";
 const CGROUP_PARENT: &str = "/sandboxd-bench";
+/// The concurrencies the floor is measured at, beside sandboxd's rows.
+const FLOOR_CONC: [usize; 2] = [1, 8];
+
 /// The floor's slice under the systemd driver (sandboxd's pods get `sandboxd-bench-pod<id>.slice`).
 const FLOOR_SLICE: &str = "sandboxd-bench.slice";
 
@@ -149,7 +154,7 @@ fn timed<T>(phase: &mut Phase, f: impl FnOnce() -> T) -> T {
         sandboxd::counters::sync_wait(),
         sandboxd::counters::pin_wait(),
     );
-    let steps0 = Step::ALL.map(sandboxd::counters::step_time);
+    let steps0 = Snapshot::now();
     let t = Instant::now();
     let r = f();
     let wall = t.elapsed();
@@ -157,33 +162,51 @@ fn timed<T>(phase: &mut Phase, f: impl FnOnce() -> T) -> T {
     phase.wall.push(wall);
     phase.own.push(wall.saturating_sub(c1 - c0));
     phase.cpu.push(cpu_time() - cpu0);
-    let (sync, ns) = (
-        sandboxd::counters::sync_wait() - s0,
-        sandboxd::counters::pin_wait() - n0,
-    );
-    phase.sync.push(sync);
-    phase.ns.push(ns);
-    let mut st = floor::Steps::default();
-    for (s, before) in Step::ALL.iter().zip(steps0) {
-        let took = sandboxd::counters::step_time(*s) - before;
-        let col = match s {
-            Step::Namespaces => floor::NETNS,
-            Step::CniAdd => floor::CNI_ADD,
-            Step::CniDel => floor::CNI_DEL,
-            Step::RuntimeCreate => floor::CREATE,
-            Step::RuntimeStart => floor::START,
-            Step::RuntimeStop => floor::KILL,
-            Step::RuntimeDelete => floor::DELETE,
-            _ => floor::OTHER,
-        };
-        st[col] += took;
-    }
-    // The pins are made on their own thread: what the verb waited for them counts.
-    st[floor::NETNS] += ns;
-    st[floor::FSYNC] = sync;
-    st[floor::REST] = wall.saturating_sub(st.iter().sum());
-    phase.steps.push(st);
+    phase.sync.push(sandboxd::counters::sync_wait() - s0);
+    phase.ns.push(sandboxd::counters::pin_wait() - n0);
+    phase.steps.push(Snapshot::now().since(&steps0, wall));
     r
+}
+
+/// The step counters, the fsync and the namespace-wait counters at one moment.
+struct Snapshot {
+    steps: [Duration; 12],
+    sync: Duration,
+    ns: Duration,
+}
+
+impl Snapshot {
+    fn now() -> Snapshot {
+        Snapshot {
+            steps: Step::ALL.map(sandboxd::counters::step_time),
+            sync: sandboxd::counters::sync_wait(),
+            ns: sandboxd::counters::pin_wait(),
+        }
+    }
+
+    /// What was spent since `before`, by the floor's columns; *rest* is `wall` minus all of
+    /// it (with several workers, `wall` is theirs summed).
+    fn since(&self, before: &Snapshot, wall: Duration) -> floor::Steps {
+        let mut st = floor::Steps::default();
+        for ((s, now), then) in Step::ALL.iter().zip(self.steps).zip(before.steps) {
+            let col = match s {
+                Step::Namespaces => floor::NETNS,
+                Step::CniAdd => floor::CNI_ADD,
+                Step::CniDel => floor::CNI_DEL,
+                Step::RuntimeCreate => floor::CREATE,
+                Step::RuntimeStart => floor::START,
+                Step::RuntimeStop => floor::KILL,
+                Step::RuntimeDelete => floor::DELETE,
+                _ => floor::OTHER,
+            };
+            st[col] += now - then;
+        }
+        // The pins are made on their own thread: what the verb waited for them counts.
+        st[floor::NETNS] += self.ns - before.ns;
+        st[floor::FSYNC] = self.sync - before.sync;
+        st[floor::REST] = wall.saturating_sub(st.iter().sum());
+        st
+    }
 }
 
 /// The per-step table's rows for one phase: the floor's and sandboxd's p50 of each column
@@ -214,7 +237,14 @@ fn step_rows(infra: bool, phase: &str, fl: (&[Duration], &[floor::Steps]), us: &
     );
 }
 
-fn run_config(rt: &Runtime, pods: usize, conc: usize, infra: bool) -> ([Phase; 4], Duration, f64) {
+/// One configuration's samples per phase, its wall time, the child-process share, and what
+/// all its lifecycles spent per step (summed over the workers).
+fn run_config(
+    rt: &Runtime,
+    pods: usize,
+    conc: usize,
+    infra: bool,
+) -> ([Phase; 4], Duration, f64, floor::Steps) {
     let tag = format!(
         "{}-{conc}-{}",
         if infra { "i" } else { "p" },
@@ -222,6 +252,7 @@ fn run_config(rt: &Runtime, pods: usize, conc: usize, infra: bool) -> ([Phase; 4
     );
     let all = Mutex::new(<[Phase; 4]>::default());
     let (c0, _) = sandboxd::counters::child_time();
+    let before = Snapshot::now();
     let t = Instant::now();
     std::thread::scope(|s| {
         for w in 0..conc {
@@ -248,7 +279,10 @@ fn run_config(rt: &Runtime, pods: usize, conc: usize, infra: bool) -> ([Phase; 4
     let (c1, _) = sandboxd::counters::child_time();
     // Child wall time summed over workers, against the workers' total wall time.
     let child_share = (c1 - c0).as_secs_f64() / (wall.as_secs_f64() * conc as f64);
-    (all.into_inner().unwrap(), wall, child_share)
+    let phases = all.into_inner().unwrap();
+    let worker_time = phases.iter().flat_map(|p| &p.wall).sum();
+    let steps = Snapshot::now().since(&before, worker_time);
+    (phases, wall, child_share, steps)
 }
 
 fn rss_kib(pid: &str) -> u64 {
@@ -260,6 +294,185 @@ fn rss_kib(pid: &str) -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
         })
         .unwrap_or(0)
+}
+
+/// sandboxd through its CRI socket: the daemon's own server (`server::serve`) on a socket in
+/// the state root, in this process on a Tokio runtime of its own, and a tonic client — the
+/// gRPC translation and transport on top of the library's path.
+struct Grpc {
+    tokio: tokio::runtime::Runtime,
+    socket: PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<sandboxd::Result<()>>>,
+}
+
+impl Grpc {
+    fn start(rt: &std::sync::Arc<Runtime>, base: &std::path::Path) -> Grpc {
+        let socket = base.join("cri.sock");
+        let listener = sandboxd::server::bind_socket(&socket).expect("CRI socket");
+        let tokio = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio.spawn(sandboxd::server::serve(
+            rt.clone(),
+            listener,
+            socket.clone(),
+            None,
+            Box::pin(async move {
+                let _ = stopped.await;
+            }),
+        ));
+        // The handlers' trial containers it starts are over before anything is measured.
+        rt.wait_probed(Duration::from_secs(30));
+        Grpc {
+            tokio,
+            socket,
+            stop: Some(stop),
+            server: Some(server),
+        }
+    }
+
+    fn client(&self) -> RuntimeServiceClient<tonic::transport::Channel> {
+        let path = self.socket.clone();
+        let ch = self.tokio.block_on(
+            tonic::transport::Endpoint::try_from("http://[::]:50051")
+                .unwrap()
+                .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                            tokio::net::UnixStream::connect(path).await?,
+                        ))
+                    }
+                })),
+        );
+        RuntimeServiceClient::new(ch.expect("connect to the CRI socket"))
+    }
+
+    /// `pods` lifecycles over gRPC, `conc` at a time: each phase's samples and the wall.
+    fn run_config(&self, pods: usize, conc: usize, infra: bool) -> ([Vec<Duration>; 4], Duration) {
+        let tag = format!(
+            "g{}-{conc}-{}",
+            if infra { "i" } else { "p" },
+            std::process::id()
+        );
+        let all = Mutex::new(<[Vec<Duration>; 4]>::default());
+        let clients: Vec<_> = (0..conc).map(|_| self.client()).collect();
+        let t = Instant::now();
+        self.tokio.block_on(async {
+            let mut workers = Vec::new();
+            for (w, mut c) in clients.into_iter().enumerate() {
+                let (tag, all) = (tag.clone(), &all);
+                workers.push(async move {
+                    let mut mine = <[Vec<Duration>; 4]>::default();
+                    for i in (w..pods).step_by(conc) {
+                        let mode = if infra {
+                            cri::NamespaceMode::Pod
+                        } else {
+                            cri::NamespaceMode::Container
+                        };
+                        let config = cri::PodSandboxConfig {
+                            metadata: Some(cri::PodSandboxMetadata {
+                                name: format!("bench-{tag}-{i}"),
+                                namespace: "bench".into(),
+                                uid: format!("uid-{tag}-{i}"),
+                                attempt: 0,
+                            }),
+                            linux: Some(cri::LinuxPodSandboxConfig {
+                                security_context: Some(cri::LinuxSandboxSecurityContext {
+                                    namespace_options: Some(cri::NamespaceOption {
+                                        pid: mode as i32,
+                                        ..Default::default()
+                                    }),
+                                    ..Default::default()
+                                }),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        };
+                        let t = Instant::now();
+                        let id = c
+                            .run_pod_sandbox(cri::RunPodSandboxRequest {
+                                config: Some(config),
+                                runtime_handler: String::new(),
+                            })
+                            .await
+                            .expect("RunPodSandbox")
+                            .into_inner()
+                            .pod_sandbox_id;
+                        mine[0].push(t.elapsed());
+                        let t = Instant::now();
+                        c.pod_sandbox_status(cri::PodSandboxStatusRequest {
+                            pod_sandbox_id: id.clone(),
+                            verbose: false,
+                        })
+                        .await
+                        .expect("PodSandboxStatus");
+                        mine[1].push(t.elapsed());
+                        let t = Instant::now();
+                        c.stop_pod_sandbox(cri::StopPodSandboxRequest {
+                            pod_sandbox_id: id.clone(),
+                        })
+                        .await
+                        .expect("StopPodSandbox");
+                        mine[2].push(t.elapsed());
+                        let t = Instant::now();
+                        c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id })
+                            .await
+                            .expect("RemovePodSandbox");
+                        mine[3].push(t.elapsed());
+                    }
+                    let mut a = all.lock().unwrap();
+                    for (a, m) in a.iter_mut().zip(mine) {
+                        a.extend(m);
+                    }
+                });
+            }
+            futures_join_all(workers).await;
+        });
+        (all.into_inner().unwrap(), t.elapsed())
+    }
+}
+
+impl Drop for Grpc {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(h) = self.server.take() {
+            let _ = self.tokio.block_on(h);
+        }
+    }
+}
+
+/// Awaits every future, concurrently, on the current task.
+async fn futures_join_all<F: std::future::Future<Output = ()>>(fs: Vec<F>) {
+    let mut set = Vec::new();
+    for f in fs {
+        set.push(Box::pin(f));
+    }
+    let mut pending: Vec<_> = set.iter_mut().map(Some).collect();
+    std::future::poll_fn(|cx| {
+        let mut left = false;
+        for slot in pending.iter_mut() {
+            if let Some(f) = slot {
+                if f.as_mut().poll(cx).is_pending() {
+                    left = true;
+                } else {
+                    *slot = None;
+                }
+            }
+        }
+        if left {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
 }
 
 /// The no-op plugin's process, ended with the benchmark.
@@ -369,16 +582,17 @@ fn main() {
 
     println!("| pods | infra process | concurrency | sandboxes/s | run p50/p90/p99 ms | status p50 ms | stop p50/p90/p99 ms | remove p50/p90/p99 ms | lifecycle ms (wall/pod) | child-process share | own code p50 ms (run/status/stop/remove) |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    let (mut ours_c1, mut breakdowns) = (Vec::new(), Vec::new());
+    let (mut ours_at_floor_conc, mut breakdowns, mut totals) = (Vec::new(), Vec::new(), Vec::new());
     for infra in [false, true] {
         if only_infra.is_some_and(|o| o != infra) {
             continue;
         }
-        for conc in [1usize, 4, 16] {
+        for conc in [1usize, 4, 8, 16] {
             if only_conc.is_some_and(|c| c != conc) {
                 continue;
             }
-            if conc == 1 {
+            // The floor at concurrency 1 and 8, each run right before sandboxd's row.
+            if FLOOR_CONC.contains(&conc) {
                 let setup = floor::Setup {
                     list: &list,
                     bin_dirs: &rt.config().cni_bin_dirs,
@@ -387,11 +601,12 @@ fn main() {
                     cgroup_parent: if systemd { FLOOR_SLICE } else { CGROUP_PARENT },
                     systemd,
                 };
-                floors.push((infra, floor::measure(&setup, pods)));
+                floors.push((infra, conc, floor::measure(&setup, pods, conc)));
             }
-            let (s, wall, share) = run_config(&rt, pods, conc, infra);
-            if conc == 1 {
-                ours_c1.push(wall);
+            let (s, wall, share, steps) = run_config(&rt, pods, conc, infra);
+            if FLOOR_CONC.contains(&conc) {
+                ours_at_floor_conc.push(wall);
+                totals.push((infra, conc, steps));
             }
             // Child time is a process-wide counter: per-phase own time is exact only when
             // one lifecycle runs at a time.
@@ -448,22 +663,52 @@ fn main() {
     rt.remove_pod_sandbox(&id).unwrap();
     if !floors.is_empty() {
         println!();
-        println!("Floor: the same lifecycles with only the unavoidable process calls (`ip netns add`, each CNI plugin executed directly, `runc create`+`start` and `kill`+`delete` of the same pause bundle, `ip netns del`), no sandboxd code, concurrency 1, run right before sandboxd's concurrency-1 row:");
+        println!("Floor: the same lifecycles with only the unavoidable process calls (`ip netns add`, each CNI plugin executed directly, `runc create`+`start` and `kill`+`delete` of the same pause bundle, `ip netns del`), no sandboxd code, at concurrency 1 and 8, each run right before sandboxd's row of the same concurrency:");
         println!();
-        println!("| pods | infra process | floor run/stop/remove p50 ms | floor lifecycle ms (wall/pod) | sandboxd lifecycle ms (wall/pod) | sandboxd vs floor |");
-        println!("|---|---|---|---|---|---|");
-        for ((infra, f), ours) in floors.iter().zip(&ours_c1) {
+        println!("| pods | infra process | concurrency | floor run/stop/remove p50 ms | floor lifecycle ms (wall/pod) | sandboxd lifecycle ms (wall/pod) | sandboxd vs floor |");
+        println!("|---|---|---|---|---|---|---|");
+        for ((infra, conc, f), ours) in floors.iter().zip(&ours_at_floor_conc) {
             let (fl, us) = (
                 f.wall.as_secs_f64() * 1000.0 / pods as f64,
                 ours.as_secs_f64() * 1000.0 / pods as f64,
             );
             println!(
-                "| {pods} | {} | {:.1}/{:.1}/{:.1} | {fl:.1} | {us:.1} | {:+.0}% |",
+                "| {pods} | {} | {conc} | {:.1}/{:.1}/{:.1} | {fl:.1} | {us:.1} | {:+.0}% |",
                 if *infra { "yes" } else { "no" },
                 pct(&f.run, 50.0),
                 pct(&f.stop, 50.0),
                 pct(&f.remove, 50.0),
                 (us / fl - 1.0) * 100.0,
+            );
+        }
+    }
+    // The same lifecycles through the CRI socket, at the floor's concurrencies, beside the
+    // floor rows measured above.
+    if !floors.is_empty() {
+        let g = Grpc::start(&rt, &base);
+        println!();
+        println!("Through the CRI socket (the daemon's gRPC server in this process on its own socket, a tonic client; run after the rows above), against the same floor rows:");
+        println!();
+        println!("| pods | infra process | concurrency | pods/s | run p50/p90 ms | status p50 ms | stop p50 ms | remove p50 ms | lifecycle ms (wall/pod) | floor lifecycle ms (wall/pod) | gRPC vs floor | gRPC vs library |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for ((infra, conc, f), lib) in floors.iter().zip(&ours_at_floor_conc) {
+            let ([run, status, stop, remove], wall) = g.run_config(pods, *conc, *infra);
+            let (fl, us, li) = (
+                f.wall.as_secs_f64() * 1000.0 / pods as f64,
+                wall.as_secs_f64() * 1000.0 / pods as f64,
+                lib.as_secs_f64() * 1000.0 / pods as f64,
+            );
+            println!(
+                "| {pods} | {} | {conc} | {:.1} | {:.1}/{:.1} | {:.2} | {:.1} | {:.1} | {us:.1} | {fl:.1} | {:+.0}% | {:+.0}% |",
+                if *infra { "yes" } else { "no" },
+                pods as f64 / wall.as_secs_f64(),
+                pct(&run, 50.0),
+                pct(&run, 90.0),
+                pct(&status, 50.0),
+                pct(&stop, 50.0),
+                pct(&remove, 50.0),
+                (us / fl - 1.0) * 100.0,
+                (us / li - 1.0) * 100.0,
             );
         }
     }
@@ -476,11 +721,46 @@ fn main() {
             floor::COLUMNS.join(" | ")
         );
         println!("|{}", "---|".repeat(floor::COLUMNS.len() + 5));
-        for ((infra, f), (_, phases)) in floors.iter().zip(&breakdowns) {
+        let c1 = floors.iter().filter(|(_, conc, _)| *conc == 1);
+        for ((infra, _, f), (_, phases)) in c1.zip(&breakdowns) {
             let [run, _, stop, remove] = phases;
             step_rows(*infra, "run", (&f.run, &f.steps[0]), run);
             step_rows(*infra, "stop", (&f.stop, &f.steps[1]), stop);
             step_rows(*infra, "remove", (&f.remove, &f.steps[2]), remove);
+        }
+    }
+    if !floors.is_empty() && !totals.is_empty() {
+        println!();
+        println!("Per step, all lifecycles together (mean ms per lifecycle: each step's wall time summed over the workers and divided by the pods, so at concurrency 8 it includes waiting for the CPU; *rest* is the workers' time in the verbs minus every step and fsync):");
+        println!();
+        println!(
+            "| infra process | concurrency | who | {} |",
+            floor::COLUMNS.join(" | ")
+        );
+        println!("|{}", "---|".repeat(floor::COLUMNS.len() + 3));
+        for ((infra, conc, f), (_, _, ours)) in floors.iter().zip(&totals) {
+            let floor_sum: floor::Steps =
+                f.steps
+                    .iter()
+                    .flatten()
+                    .fold(floor::Steps::default(), |mut acc, s| {
+                        for (a, b) in acc.iter_mut().zip(s) {
+                            *a += *b;
+                        }
+                        acc
+                    });
+            let row = |st: &floor::Steps| {
+                st.iter()
+                    .map(|d| match d.as_secs_f64() * 1000.0 / pods as f64 {
+                        0.0 => "—".to_string(),
+                        ms => format!("{ms:.2}"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            };
+            let infra = if *infra { "yes" } else { "no" };
+            println!("| {infra} | {conc} | floor | {} |", row(&floor_sum));
+            println!("| {infra} | {conc} | sandboxd | {} |", row(ours));
         }
     }
     println!();
