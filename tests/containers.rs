@@ -459,6 +459,9 @@ fn memory_limit_breach_is_oom_killed() {
         (137, "OOMKilled"),
         "{s:?}"
     );
+    // The monitor said it watched the container's OOM kills (or could not) before it was
+    // started: StartContainer waits for that, so a kill right after start is never missed.
+    assert!(s.dir.join("oom-watch").is_file(), "{s:?}");
     rt.remove_pod_sandbox(&sb).unwrap();
     env.assert_no_leaks();
 }

@@ -11,6 +11,9 @@ use crate::runtime::Runtime;
 use crate::state::lock;
 use crate::state::now_nanos;
 
+/// How long StartContainer waits for the monitor to watch the container's OOM kills.
+const OOM_WATCH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub(crate) fn start(rt: &Runtime, id: &str) -> Result<()> {
     let entry = rt.container_entry(id)?;
     let _op = lock(&entry.op);
@@ -33,9 +36,15 @@ pub(crate) fn start(rt: &Runtime, id: &str) -> Result<()> {
     if let Some(sb) = &sb {
         rt.nri.start_container(sb, &rec, &rt.cfg)?;
     }
+    let files = rec.files();
+    // Under the systemd driver the runtime may have returned from `create` before the
+    // container was in its scope: started now, it could be OOM-killed and its scope gone
+    // before its monitor watches it. The monitor says when it does (at once elsewhere).
+    if !rt.host.wait_oom_watch(&files, OOM_WATCH_WAIT) {
+        tracing::warn!(container_id = %rec.id, "the monitor does not watch the container's OOM kills yet; starting it anyway");
+    }
     // Taken before the call: the process may run (and exit) before `start` returns.
     let started = now_nanos();
-    let files = rec.files();
     let started_call = match monitor_stdio(&rec.dir, files.monitor_pid()) {
         Some(stdio) => runtime.start_with_stdio(&rec.id, &files.runtime_log, stdio),
         None => rt.host.runtime_start(runtime, &rec.id, &files.runtime_log),

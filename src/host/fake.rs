@@ -388,6 +388,11 @@ impl Host for FakeHost {
         Ok(100_000 + inner.last_pid)
     }
 
+    /// The fake's monitor watches at once.
+    fn wait_oom_watch(&self, _files: &ContainerFiles, _limit: Duration) -> bool {
+        true
+    }
+
     fn runtime_start(
         &self,
         runtime: &OciRuntime,

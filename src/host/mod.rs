@@ -118,6 +118,10 @@ pub(crate) trait Host: Send + Sync {
         files: &ContainerFiles,
     ) -> Result<i32, RuntimeError>;
 
+    /// Waits until the container's monitor watches its OOM kills (or knows it cannot);
+    /// whether it does (`ContainerFiles::wait_oom_watch`). A wait: the fake does not log it.
+    fn wait_oom_watch(&self, files: &ContainerFiles, limit: Duration) -> bool;
+
     /// `runtime start` (`OciRuntime::start`).
     fn runtime_start(&self, runtime: &OciRuntime, id: &str, log: &Path)
         -> Result<(), RuntimeError>;
@@ -268,6 +272,10 @@ impl Host for RealHost {
         files: &ContainerFiles,
     ) -> Result<i32, RuntimeError> {
         timed(Step::RuntimeCreate, || runtime.create(id, bundle, files))
+    }
+
+    fn wait_oom_watch(&self, files: &ContainerFiles, limit: Duration) -> bool {
+        timed(Step::RuntimeStart, || files.wait_oom_watch(limit))
     }
 
     fn runtime_start(

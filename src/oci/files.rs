@@ -52,6 +52,25 @@ impl ContainerFiles {
         r
     }
 
+    /// Waits (up to `limit`) until the monitor watches the container's OOM kills or knows it
+    /// cannot (`oom-watch`); whether it does. A container made by a monitor of an older
+    /// version never says so, and costs the limit once.
+    pub fn wait_oom_watch(&self, limit: Duration) -> bool {
+        let marker = self
+            .exit_file
+            .with_file_name(sandboxd_shim_common::files::OOM_WATCH);
+        let deadline = Instant::now() + limit;
+        loop {
+            if marker.exists() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// The standard layout inside a container's (or the infra's) own dir.
     pub fn in_dir(dir: &Path, log_path: Option<PathBuf>) -> Self {
         ContainerFiles {

@@ -111,6 +111,13 @@ pub fn write_pid(pid_file: &Path, pid: i32) -> std::io::Result<()> {
         .map_err(|e| e.source)
 }
 
+/// The name, in the bundle, of the (empty) file the monitor writes once it watches the
+/// container's OOM kills, or knows it never will (no cgroup v2 memory controller, the
+/// container gone). StartContainer waits for it briefly: under the systemd driver the runtime
+/// may return from `create` before the container is in its scope, and a container started
+/// before the monitor watches that scope could be OOM-killed, its scope removed, unseen.
+pub const OOM_WATCH: &str = "oom-watch";
+
 /// The name, in the bundle, of the file where the monitor of a container whose stdio the
 /// runtime takes at `start` (runsc's containers inside a sandbox) publishes its ends of the
 /// container's pipes; the daemon opens them as `/proc/<monitor>/fd/N`.

@@ -44,10 +44,22 @@ pub fn run(args: &MonitorArgs, mut report: Report) -> i32 {
     // Watched before the launcher hears of the container: once it has, the container may be
     // started, hit its limit and be gone (its systemd scope with it) in a few milliseconds.
     let oom = OomWatch::open(created.pid);
+    oom_watch_settled(args, &oom);
     report.ok(created.pid);
     serve(args, &sigfd, log, created, oom);
     reap_all();
     0
+}
+
+/// Tells StartContainer (by the `oom-watch` file beside the exit file) that OOM kills are
+/// watched now, or never will be; nothing while the container is not in its cgroup yet.
+fn oom_watch_settled(args: &MonitorArgs, oom: &Result<OomWatch, NotYet>) {
+    if oom.as_ref().err() == Some(&NotYet::Later) {
+        return;
+    }
+    if let Some(dir) = args.exit_file.parent() {
+        let _ = std::fs::File::create(dir.join(sandboxd_shim_common::files::OOM_WATCH));
+    }
 }
 
 /// Serves the container until it has exited and its output is drained, then records the
@@ -144,6 +156,7 @@ fn serve(
                 }
                 o => o,
             };
+            oom_watch_settled(args, &oom);
         }
         attach.handle(&pfds[4..], master.as_ref());
         if pfds[2].revents != 0 {
