@@ -58,7 +58,15 @@ fn oom_watch_settled(args: &MonitorArgs, oom: &Result<OomWatch, NotYet>) {
         return;
     }
     if let Some(dir) = args.exit_file.parent() {
-        let _ = std::fs::File::create(dir.join(sandboxd_shim_common::files::OOM_WATCH));
+        // Root's alone, like every file under the state root.
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(dir.join(sandboxd_shim_common::files::OOM_WATCH));
     }
 }
 
