@@ -431,7 +431,7 @@ impl Grpc {
                     }
                 });
             }
-            futures_join_all(workers).await;
+            futures_util::future::join_all(workers).await;
         });
         (all.into_inner().unwrap(), t.elapsed())
     }
@@ -446,33 +446,6 @@ impl Drop for Grpc {
             let _ = self.tokio.block_on(h);
         }
     }
-}
-
-/// Awaits every future, concurrently, on the current task.
-async fn futures_join_all<F: std::future::Future<Output = ()>>(fs: Vec<F>) {
-    let mut set = Vec::new();
-    for f in fs {
-        set.push(Box::pin(f));
-    }
-    let mut pending: Vec<_> = set.iter_mut().map(Some).collect();
-    std::future::poll_fn(|cx| {
-        let mut left = false;
-        for slot in pending.iter_mut() {
-            if let Some(f) = slot {
-                if f.as_mut().poll(cx).is_pending() {
-                    left = true;
-                } else {
-                    *slot = None;
-                }
-            }
-        }
-        if left {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
 }
 
 /// The no-op plugin's process, ended with the benchmark.
