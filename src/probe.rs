@@ -313,6 +313,10 @@ impl Trial {
         if trial.root.exists() {
             let _ = trial.delete(&id, &log);
         }
+        // Its processes no state names (the daemon died while `create` ran).
+        let cgroup = crate::cgroups::child(&pod_cgroup, &id);
+        crate::cgroups::kill_all(&cgroup);
+        crate::cgroups::kill_all(&pod_cgroup);
         let _ = std::fs::remove_dir_all(&dir);
         crate::state::files::private_dir_all(&dir).map_err(|e| e.to_string())?;
         let result = (|| -> std::result::Result<(), String> {
@@ -333,7 +337,7 @@ impl Trial {
                 resolv_conf: dir.join("resolv.conf"),
                 hosts: dir.join("hosts"),
                 hostname_file: dir.join("hostname"),
-                cgroups_path: crate::cgroups::child(&pod_cgroup, &id),
+                cgroups_path: cgroup.clone(),
                 oom_score_adj: spec::clamp_oom_score_adj(-998),
                 sysctls: Default::default(),
             })
@@ -348,13 +352,21 @@ impl Trial {
         }
         // The container's cgroup, then the pod's: runsc's sandbox leaves its own a moment
         // after `delete` returns.
-        let cgroup = crate::cgroups::child(&pod_cgroup, &id);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let r =
                 crate::cgroups::remove(&cgroup).and_then(|()| crate::cgroups::remove(&pod_cgroup));
             match r {
                 Ok(()) => break,
+                // Whatever is still inside after `delete` is stray (a sandbox process of a
+                // trial a killed daemon left while `create` ran, which no state names).
+                Err(_)
+                    if crate::cgroups::kill_all(&cgroup)
+                        + crate::cgroups::kill_all(&pod_cgroup)
+                        > 0 =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
                 Err(e) if Instant::now() >= deadline => {
                     tracing::warn!(handler = %rt.name, error = %e, "cannot remove the probe's trial cgroup");
                     break;

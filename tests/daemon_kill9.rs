@@ -285,7 +285,23 @@ fn a_trial_cut_by_kill9_is_cleaned_at_the_next_start() {
         std::thread::sleep(Duration::from_millis(20));
     }
     d.kill9();
-    assert!(!cgroups_under(&env.cfg.cgroup_parent).is_empty());
+    let trials = cgroups_under(&env.cfg.cgroup_parent);
+    assert!(!trials.is_empty());
+    // A process of the half-made trial that no runtime state names (a runtime's sandbox
+    // process whose `create` the kill cut short): in the trial container's cgroup.
+    let mut stray = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .unwrap();
+    let moved = trials
+        .iter()
+        .filter(|d| {
+            d.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("sandboxd-probe"))
+        })
+        .filter(|d| std::fs::write(d.join("cgroup.procs"), stray.id().to_string()).is_ok())
+        .count();
+    assert!(moved > 0, "no trial cgroup took the stray: {trials:?}");
     // The next start: its probe deletes the leftover, tries again, and cleans up.
     let d = Daemon::start(&env);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -293,10 +309,19 @@ fn a_trial_cut_by_kill9_is_cleaned_at_the_next_start() {
         assert!(Instant::now() < deadline, "the second probe never ended");
         std::thread::sleep(Duration::from_millis(20));
     }
+    let stray_ran = stray.try_wait().unwrap().is_none();
+    let _ = stray.kill();
+    let _ = stray.wait();
+    assert!(
+        !stray_ran,
+        "the stray process in the trial's cgroup still runs"
+    );
     assert!(!state.exists());
-    assert_eq!(
-        cgroups_under(&env.cfg.cgroup_parent),
-        Vec::<std::path::PathBuf>::new()
+    let left = cgroups_under(&env.cfg.cgroup_parent);
+    assert!(
+        left.is_empty(),
+        "cgroups left: {left:?}\nthe second daemon's log:\n{}",
+        std::fs::read_to_string(&d.log).unwrap_or_default()
     );
     drop(d);
     env.assert_no_leaks();

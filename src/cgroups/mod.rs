@@ -516,6 +516,32 @@ fn count_procs(dir: &Path) -> u64 {
     n
 }
 
+/// Sends SIGKILL to every process in `cgroup`'s own `cgroup.procs`, in every hierarchy
+/// (for a cgroup of ours that must be emptied: a trial a killed daemon left half-made).
+/// Returns how many signals were sent.
+pub fn kill_all(cgroup: &str) -> usize {
+    if cgroup.split('/').any(|c| c == "..") || cgroup.trim_matches('/').is_empty() {
+        return 0;
+    }
+    let mut pids = std::collections::BTreeSet::new();
+    for h in hierarchies() {
+        let d = join(&h.mount_point, cgroup);
+        if let Ok(t) = std::fs::read_to_string(d.join("cgroup.procs")) {
+            pids.extend(t.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+        }
+    }
+    pids.iter()
+        .filter(|&&p| p > 1)
+        .filter(|&&p| {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .is_ok()
+        })
+        .count()
+}
+
 /// Removes `cgroup` (an empty directory once its containers are deleted) from every
 /// hierarchy; each is tried. A missing one is fine; a busy one is an error naming it. A
 /// systemd slice or scope is stopped instead (and gone when this returns).
