@@ -215,7 +215,7 @@ impl Source {
     }
 
     /// Opens a (layer) file with its size; `max` bounds the size.
-    fn open(&self, name: &str, max: u64) -> Result<(Box<dyn Read + '_>, u64)> {
+    fn open(&self, name: &str, max: u64) -> Result<(Box<dyn Read + Send + '_>, u64)> {
         match self {
             Source::Dir(root) => {
                 let f = crate::untrusted_fs::open_beneath(root, Path::new(name), max)

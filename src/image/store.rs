@@ -331,7 +331,7 @@ impl ImageStore {
     /// dir within the store's limits, checked against the diff id, then renamed into place. A
     /// layer already there (unpacked meanwhile by another pull or import) is kept and this
     /// copy dropped. Returns what was unpacked.
-    pub fn unpack_layer(&self, diff_id: &str, raw: Box<dyn Read + '_>) -> Result<unpack::Applied> {
+    pub fn unpack_layer(&self, diff_id: &str, raw: Box<dyn Read + Send + '_>) -> Result<unpack::Applied> {
         let dest = self.layer_dir(diff_id)?;
         let tmp = self.temp_dir("layer")?;
         let result = (|| {

@@ -5,7 +5,9 @@
 //! created through a symlink (every parent is checked with lstat; the dir is private to us).
 //! Ownership, modes and hardlinks are kept; device nodes are skipped.
 
+mod frames;
 mod fs;
+mod read_ahead;
 #[cfg(test)]
 mod tests;
 
@@ -85,7 +87,16 @@ pub fn free_bytes(p: &Path) -> Option<u64> {
 }
 
 /// Wraps `raw` in the right decompressor, by magic number.
-pub fn decompress<'a>(mut raw: Box<dyn Read + 'a>) -> Result<Box<dyn Read + 'a>, LayerError> {
+pub fn decompress<'a>(
+    raw: Box<dyn Read + Send + 'a>,
+) -> Result<Box<dyn Read + Send + 'a>, LayerError> {
+    decoder(raw).map(|(r, _)| r)
+}
+
+/// Wraps `raw` in the right decompressor, by magic number; says whether it is compressed.
+fn decoder<'a>(
+    mut raw: Box<dyn Read + Send + 'a>,
+) -> Result<(Box<dyn Read + Send + 'a>, bool), LayerError> {
     let mut magic = [0u8; 4];
     let mut n = 0;
     while n < 4 {
@@ -96,16 +107,18 @@ pub fn decompress<'a>(mut raw: Box<dyn Read + 'a>) -> Result<Box<dyn Read + 'a>,
         }
     }
     let head = std::io::Cursor::new(magic[..n].to_vec());
-    let chained: Box<dyn Read + 'a> = Box::new(head.chain(raw));
+    let chained: Box<dyn Read + Send + 'a> = Box::new(head.chain(raw));
+    let zstd_frame = magic == [0x28, 0xb5, 0x2f, 0xfd];
+    let skippable_frame = magic[0] & 0xf0 == 0x50 && magic[1..] == [0x2a, 0x4d, 0x18];
+    // Every member of a gzip file and every frame of a zstd stream, as `gzip -d` and
+    // `zstd -d` read them.
     Ok(if n >= 2 && magic[..2] == [0x1f, 0x8b] {
-        Box::new(flate2::read::GzDecoder::new(chained))
-    } else if n == 4 && magic == [0x28, 0xb5, 0x2f, 0xfd] {
-        Box::new(
-            ruzstd::decoding::StreamingDecoder::new(chained)
-                .map_err(|e| malformed("zstd layer", e))?,
-        )
+        (Box::new(flate2::read::MultiGzDecoder::new(chained)), true)
+    } else if n == 4 && (zstd_frame || skippable_frame) {
+        let frames = frames::ZstdFrames::new(chained).map_err(|e| malformed("zstd layer", e))?;
+        (Box::new(frames), true)
     } else {
-        chained
+        (chained, false)
     })
 }
 
@@ -141,13 +154,34 @@ impl<R: Read> Read for Hashing<R> {
 /// `limits` and returns what it did with the uncompressed tar's digest (`sha256:<hex>`, the
 /// diff id).
 pub fn apply_layer(
-    raw: Box<dyn Read + '_>,
+    raw: Box<dyn Read + Send + '_>,
+    root: &Path,
+    limits: &Limits,
+) -> Result<(Applied, String), LayerError> {
+    let (decoded, compressed) = decoder(raw)?;
+    if !compressed {
+        return apply_decoded(decoded, root, limits);
+    }
+    // Decoded on a thread of its own, ahead of the tar reader.
+    std::thread::scope(|s| {
+        let ahead = read_ahead::spawn(s, decoded).map_err(|e| {
+            LayerError::Host(HostError::Other(format!(
+                "cannot start the layer's decompression thread: {e}"
+            )))
+        })?;
+        apply_decoded(Box::new(ahead), root, limits)
+    })
+}
+
+/// [`apply_layer`] of the decompressed stream `decoded`.
+fn apply_decoded(
+    decoded: Box<dyn Read + '_>,
     root: &Path,
     limits: &Limits,
 ) -> Result<(Applied, String), LayerError> {
     use sha2::Digest;
     let mut hashing = Hashing {
-        inner: decompress(raw)?,
+        inner: decoded,
         hash: sha2::Sha256::new(),
         read: 0,
         max: limits.max_bytes,
@@ -175,8 +209,33 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 /// Applies the (possibly compressed) layer tar `raw` into the empty directory `root`.
-pub fn apply(raw: Box<dyn Read + '_>, root: &Path) -> Result<Applied, LayerError> {
+pub fn apply(raw: Box<dyn Read + Send + '_>, root: &Path) -> Result<Applied, LayerError> {
     apply_layer(raw, root, &Limits::default()).map(|(a, _)| a)
+}
+
+/// A file's bytes go from the tar to the disk this many at a time (a multi-GB layer is a
+/// few thousand reads and writes, not a million).
+const COPY_BUF: usize = 256 << 10;
+
+/// Copies the rest of a tar entry to `f` through `buf`: a read error is the layer's (over
+/// its limit, or malformed), a write error the host's.
+fn copy_file(
+    entry: &mut impl Read,
+    f: &mut std::fs::File,
+    buf: &mut [u8],
+    dest: &Path,
+) -> Result<u64, LayerError> {
+    let mut n = 0u64;
+    loop {
+        let k = match entry.read(buf) {
+            Ok(0) => return Ok(n),
+            Ok(k) => k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(read_error(e)),
+        };
+        std::io::Write::write_all(f, &buf[..k]).map_err(|e| HostError::io("write", dest, e))?;
+        n += k as u64;
+    }
 }
 
 /// Every this many bytes written, the free space is checked again.
@@ -198,6 +257,7 @@ fn apply_plain(reader: &mut dyn Read, root: &Path, limits: &Limits) -> Result<Ap
     let mut applied = Applied::default();
     let mut archive = tar::Archive::new(reader);
     let entries = archive.entries().map_err(read_error)?;
+    let mut buf = vec![0u8; COPY_BUF];
     let mut dir_times = Vec::new();
     for entry in entries {
         let mut entry = entry.map_err(read_error)?;
@@ -274,13 +334,7 @@ fn apply_plain(reader: &mut dyn Read, root: &Path, limits: &Limits) -> Result<Ap
                     .create_new(true)
                     .open(&dest)
                     .map_err(|e| HostError::io("create", &dest, e))?;
-                applied.bytes += std::io::copy(&mut entry, &mut f).map_err(|e| {
-                    if e.kind() == std::io::ErrorKind::FileTooLarge {
-                        read_error(e) // the layer stream passed its limit mid-file
-                    } else {
-                        HostError::io("write", &dest, e).into()
-                    }
-                })?;
+                applied.bytes += copy_file(&mut entry, &mut f, &mut buf, &dest)?;
                 if applied.bytes >= next_check {
                     check_free()?;
                     next_check = applied.bytes + FREE_CHECK_EVERY;

@@ -122,6 +122,55 @@ fn zstd_layer_and_its_diff_id() {
     std::fs::remove_dir_all(&root).unwrap();
 }
 
+/// A gzip layer of two members and a zstd layer of two frames with a skippable frame before
+/// and between them (as zstd:chunked writes): every member and frame is unpacked, and the
+/// diff id is that of the whole tar.
+#[test]
+fn multi_member_gzip_and_multi_frame_zstd() {
+    let data = tar_of(|b| {
+        b.append(&header(tar::EntryType::Regular, "a", 3), &b"one"[..])
+            .unwrap();
+        b.append(&header(tar::EntryType::Regular, "b", 3), &b"two"[..])
+            .unwrap();
+    });
+    let (head, tail) = data.split_at(700);
+    use sha2::Digest;
+    let want = format!("sha256:{}", hex(&sha2::Sha256::digest(&data)));
+    let mut gz = Vec::new();
+    for part in [head, tail] {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut e, part).unwrap();
+        gz.extend(e.finish().unwrap());
+    }
+    let skippable = |payload: &[u8]| {
+        let mut f = vec![0x5e, 0x2a, 0x4d, 0x18];
+        f.extend((payload.len() as u32).to_le_bytes());
+        f.extend(payload);
+        f
+    };
+    let fastest = ruzstd::encoding::CompressionLevel::Fastest;
+    let mut zst = skippable(b"table of contents");
+    zst.extend(ruzstd::encoding::compress_to_vec(head, fastest));
+    zst.extend(skippable(b""));
+    zst.extend(ruzstd::encoding::compress_to_vec(tail, fastest));
+    zst.extend(skippable(b"footer"));
+    for (name, layer) in [("multigz", gz), ("multizst", zst)] {
+        let root = tmp(name);
+        let (_, diff_id) = apply_layer(Box::new(&layer[..]), &root, &Limits::default()).unwrap();
+        assert_eq!(diff_id, want, "{name}");
+        assert_eq!(std::fs::read(root.join("b")).unwrap(), b"two", "{name}");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+    // A skippable frame cut short is an error, not an early end.
+    let mut cut = skippable(b"0123456789");
+    cut.truncate(9);
+    let mut whole = ruzstd::encoding::compress_to_vec(&data[..], fastest);
+    whole.extend(cut);
+    let root = tmp("cutzst");
+    assert!(apply_layer(Box::new(&whole[..]), &root, &Limits::default()).is_err());
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 #[test]
 fn hostile_layers_cannot_escape() {
     let outside = tmp("outside");
