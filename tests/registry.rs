@@ -80,6 +80,74 @@ fn pull_share_download_and_run() {
     env.assert_no_leaks();
 }
 
+/// Two images on one large layer, pulled at once: the layer is fetched from the registry
+/// once (the second pull waits for the first's fetch), and both images are whole.
+#[test]
+fn concurrent_pulls_of_two_images_fetch_a_shared_layer_once() {
+    use common::busybox::{config_of, layer_of, sha, Entry};
+    let env = Env::new("reg-shared");
+    let reg = Registry::start(&env.base.join("registry"), None);
+    // 8 MiB that does not compress, stored as is: its fetch lasts long enough for both pulls
+    // to want it at once.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let big: Vec<u8> = (0..8 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let gz = |t: &[u8]| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::none());
+        std::io::Write::write_all(&mut e, t).unwrap();
+        e.finish().unwrap()
+    };
+    let shared_tar = layer_of(&[Entry::File("shared.bin", &big)]);
+    let shared = gz(&shared_tar);
+    let names: Vec<String> = ["a", "b"]
+        .iter()
+        .map(|n| {
+            let own = layer_of(&[Entry::File(n, n.as_bytes())]);
+            let config = config_of(&[&shared_tar, &own], &["sh"]);
+            reg.push_image(
+                &format!("test/{n}"),
+                "1",
+                None,
+                &[shared.clone(), gz(&own)],
+                &config,
+            );
+            format!("{}/test/{n}:1", reg.addr)
+        })
+        .collect();
+    let rt = env.runtime();
+    let ids: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = names
+            .iter()
+            .map(|n| s.spawn(|| rt.pull_image(n, &Auth::default()).unwrap().id))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_ne!(ids[0], ids[1]);
+    assert_eq!(
+        reg.blob_gets(&sha(&shared)),
+        1,
+        "the shared layer was fetched more than once"
+    );
+    let layers = env.cfg.root.join("images/layers");
+    let shared_dir = layers.join(&sha(&shared_tar)["sha256:".len()..]);
+    assert_eq!(
+        std::fs::metadata(shared_dir.join("shared.bin"))
+            .unwrap()
+            .len(),
+        big.len() as u64
+    );
+    for n in &names {
+        assert!(rt.images().get(n).is_some(), "{n} not recorded");
+    }
+    env.assert_no_leaks();
+}
+
 #[test]
 fn pull_with_basic_auth_and_through_a_mirror() {
     let env = Env::new("reg-auth");

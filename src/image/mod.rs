@@ -2,12 +2,15 @@
 //! (`unpack.rs`), imports from archives and layouts (`archive.rs`), and pulls (`pull.rs`,
 //! which registry and credentials in `endpoints.rs`) through a bounded registry client
 //! (`registry.rs`), with their progress (`progress.rs`);
-//! OCI artifacts that are no runnable image (`artifact.rs`).
+//! one fetch per layer across concurrent pulls (`in_flight.rs`); OCI artifacts that are no
+//! runnable image (`artifact.rs`).
 
 #[doc(hidden)]
 pub mod archive;
 mod artifact;
 mod endpoints;
+#[doc(hidden)]
+pub mod in_flight;
 #[doc(hidden)]
 pub mod progress;
 #[doc(hidden)]

@@ -61,6 +61,28 @@ impl LayerProgress {
     pub fn set(&self, s: LayerState) {
         self.state.store(s as u8, Ordering::Relaxed);
     }
+
+    /// Shows what `other` (another pull's fetch of the same layer) has received as this one's.
+    pub fn follow(&self, other: &LayerProgress) {
+        self.received
+            .store(other.received.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
+    /// The bytes received so far.
+    pub fn received_bytes(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    /// A tracker of its own, in no pull's list (for tests).
+    #[cfg(test)]
+    pub fn detached(digest: &str, size: u64) -> Arc<LayerProgress> {
+        Arc::new(LayerProgress {
+            digest: digest.to_string(),
+            size,
+            received: AtomicU64::new(0),
+            state: AtomicU8::new(LayerState::Waiting as u8),
+        })
+    }
 }
 
 /// One pull in flight.

@@ -19,6 +19,7 @@ use serde_json::Value;
 use sha2::Digest;
 
 use super::endpoints::{endpoints, Auth};
+use super::in_flight::Claim;
 use super::progress::{LayerProgress, LayerState, PullProgress};
 use super::reference::Reference;
 use super::registry::{Creds, Registry, RegistryError};
@@ -337,7 +338,7 @@ async fn pull_from(
             let reg = &reg;
             async move {
                 t.set(LayerState::Downloading);
-                let r = fetch_layer(store, reg, &l, &diff_id, &t).await;
+                let r = fetch_once(store, reg, &l, &diff_id, &t).await;
                 t.set(if r.is_ok() {
                     LayerState::Done
                 } else {
@@ -367,6 +368,37 @@ async fn pull_from(
     })?;
     drop(pins);
     Ok((rec, downloaded))
+}
+
+/// Fetches a layer unless another pull is fetching it: then waits for that one, and fetches
+/// it only if the layer is still missing when it ends (it failed or was cancelled).
+async fn fetch_once(
+    store: &ImageStore,
+    reg: &Registry,
+    l: &LayerDesc,
+    diff_id: &str,
+    progress: &Arc<LayerProgress>,
+) -> std::result::Result<Option<String>, PullError> {
+    loop {
+        if store.has_layer(diff_id) {
+            // Committed by another pull: its kept blob counts for this image only if it is
+            // this manifest's blob (the same layer may come compressed another way).
+            let kept =
+                store.cfg.keep_layer_blobs && store.blob_path(&l.digest).is_ok_and(|p| p.is_file());
+            return Ok(kept.then(|| l.digest.clone()));
+        }
+        match store.in_flight.claim(diff_id, progress) {
+            Claim::Mine(claimed) => {
+                let r = fetch_layer(store, reg, l, diff_id, progress).await;
+                drop(claimed);
+                return r;
+            }
+            Claim::Theirs(w) => {
+                tracing::debug!(layer = %l.digest, diff_id, "layer fetched by another pull: waiting for it");
+                super::in_flight::wait(w, progress).await;
+            }
+        }
+    }
 }
 
 /// One item of a layer's byte stream into the unpacker.

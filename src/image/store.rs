@@ -80,6 +80,8 @@ pub struct ImageStore {
     pins: Arc<Mutex<HashMap<String, usize>>>,
     /// The pulls in flight and what each has received (`ImageStatus` verbose shows it).
     pub pulls: Arc<super::progress::Pulls>,
+    /// The layers being fetched, so that concurrent pulls fetch each once.
+    pub in_flight: super::in_flight::InFlight,
 }
 
 /// Keeps digests pinned until dropped.
@@ -220,6 +222,7 @@ impl ImageStore {
             cfg,
             pins: Arc::default(),
             pulls: Arc::default(),
+            in_flight: Default::default(),
         })
     }
 
@@ -331,7 +334,11 @@ impl ImageStore {
     /// dir within the store's limits, checked against the diff id, then renamed into place. A
     /// layer already there (unpacked meanwhile by another pull or import) is kept and this
     /// copy dropped. Returns what was unpacked.
-    pub fn unpack_layer(&self, diff_id: &str, raw: Box<dyn Read + Send + '_>) -> Result<unpack::Applied> {
+    pub fn unpack_layer(
+        &self,
+        diff_id: &str,
+        raw: Box<dyn Read + Send + '_>,
+    ) -> Result<unpack::Applied> {
         let dest = self.layer_dir(diff_id)?;
         let tmp = self.temp_dir("layer")?;
         let result = (|| {

@@ -74,7 +74,7 @@ pub fn config(layer: &[u8], cmd: &[&str]) -> Vec<u8> {
     config_of(&[layer], cmd)
 }
 
-fn config_of(layers: &[&[u8]], cmd: &[&str]) -> Vec<u8> {
+pub fn config_of(layers: &[&[u8]], cmd: &[&str]) -> Vec<u8> {
     let diff_ids: Vec<String> = layers.iter().map(|l| sha(l)).collect();
     serde_json::to_vec(&serde_json::json!({
         "architecture": "amd64", "os": "linux",
