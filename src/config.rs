@@ -409,6 +409,15 @@ pub struct StoreConfig {
     /// all leave is dropped from the queue). Each running pull costs a registry client,
     /// connections and unpack threads.
     pub max_concurrent_pulls: usize,
+    /// Range requests at once per large layer, where the registry answers them (the part
+    /// being read and those fetched ahead of it, as containerd 2.1's multipart fetch); 1: one
+    /// GET per layer.
+    pub range_parts: usize,
+    /// Bytes per range request; a layer under two parts is fetched with one GET.
+    pub range_part_bytes: u64,
+    /// Most bytes of parts fetched ahead and held in memory, over all pulls together (a part
+    /// that does not fit is fetched when it is read).
+    pub range_buffer_bytes: u64,
 }
 
 impl Default for StoreConfig {
@@ -420,6 +429,9 @@ impl Default for StoreConfig {
             keep_layer_blobs: false,
             max_concurrent_downloads: 3,
             max_concurrent_pulls: 16,
+            range_parts: 4,
+            range_part_bytes: 8 << 20,
+            range_buffer_bytes: 64 << 20,
         }
     }
 }

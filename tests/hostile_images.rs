@@ -252,6 +252,99 @@ fn pulls_are_bounded() {
     env.assert_no_leaks();
 }
 
+/// Large layers by range requests, against registries that do not play along: one that
+/// ignores `Range` (a 200 of the whole layer) is read as that one stream; one that answers
+/// with another range than asked for is refused with both ranges named, leaving nothing.
+#[test]
+fn range_requests_against_registries_that_ignore_or_twist_them() {
+    use common::fake_registry::{FakeRegistry, OneLayer};
+    let env = Env::new("hostile-ranges");
+    let mut cfg = env.cfg.clone();
+    cfg.images.range_parts = 4;
+    cfg.images.range_part_bytes = 1 << 20;
+    let rt = sandboxd::Runtime::new(cfg).unwrap();
+    // 3 MiB that gzip stores as is: three parts.
+    let mut x: u32 = 0x1234_5678;
+    let data: Vec<u8> = (0..3 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect();
+    let tar = busybox::layer_of(&[busybox::Entry::File("data.bin", &data)]);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::none());
+    std::io::Write::write_all(&mut gz, &tar).unwrap();
+    let gz = gz.finish().unwrap();
+    let config = serde_json::to_vec(&serde_json::json!({"architecture": "amd64", "os": "linux",
+        "config": {"Cmd": ["sh"]}, "rootfs": {"type": "layers", "diff_ids": [busybox::sha(&tar)]}}))
+    .unwrap();
+    let img = OneLayer::new(
+        config,
+        gz.clone(),
+        "application/vnd.oci.image.layer.v1.tar+gzip",
+    );
+    let whole = FakeRegistry::start(move |path| img.answer(path, None));
+    rt.pull_image(&format!("{}/x/whole:1", whole.addr), &Default::default())
+        .unwrap();
+    let layer = rt
+        .images()
+        .dir
+        .join("layers")
+        .join(&busybox::sha(&tar)[7..]);
+    assert_eq!(std::fs::read(layer.join("data.bin")).unwrap(), data);
+    rt.remove_image(&format!("{}/x/whole:1", whole.addr))
+        .unwrap();
+
+    let img = OneLayer::new(
+        serde_json::to_vec(&serde_json::json!({"architecture": "amd64", "os": "linux",
+            "config": {"Cmd": ["sh"]}, "rootfs": {"type": "layers", "diff_ids": [busybox::sha(&tar)]}}))
+        .unwrap(),
+        gz.clone(),
+        "application/vnd.oci.image.layer.v1.tar+gzip",
+    );
+    let layer_digest = busybox::sha(&gz);
+    let size = gz.len();
+    let twisted = FakeRegistry::start(move |path| {
+        let mut a = img.answer(path, None)?;
+        if path.ends_with(&layer_digest) {
+            // The layer's last 100 bytes, whatever was asked for.
+            a.status = 206;
+            a.body = std::sync::Arc::new(a.body[size - 100..].to_vec());
+            a.headers = vec![format!(
+                "Content-Range: bytes {}-{}/{size}",
+                size - 100,
+                size - 1
+            )];
+        }
+        Some(a)
+    });
+    let e = rt
+        .pull_image(
+            &format!("{}/x/twisted:1", twisted.addr),
+            &Default::default(),
+        )
+        .unwrap_err();
+    let m = e.to_string();
+    assert!(
+        m.contains(&format!("asked for bytes 0-1048575/{size}"))
+            && m.contains(&format!("bytes {}-", size - 100)),
+        "{m}"
+    );
+    assert!(rt.images().list().is_empty());
+    assert!(
+        list_names(&rt.images().dir.join("layers")).is_empty(),
+        "a layer was left"
+    );
+    assert!(
+        list_names(&rt.images().dir.join("tmp")).is_empty(),
+        "temp files left"
+    );
+    drop(rt);
+    env.assert_no_leaks();
+}
+
 /// A registry that stalls (one byte every 5 s) no longer holds a pull, its threads and its
 /// waiters for ever: with no progress for `image_pull_progress_timeout` seconds the pull is
 /// cancelled with DeadlineExceeded saying so, and nothing of it is left (no pull in flight,

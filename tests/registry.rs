@@ -148,6 +148,74 @@ fn concurrent_pulls_of_two_images_fetch_a_shared_layer_once() {
     env.assert_no_leaks();
 }
 
+/// A large layer from a registry that answers range requests comes in parallel parts (as
+/// containerd 2.1's multipart fetch): every GET of it is a 206, none a 200, and the layer
+/// unpacks whole — also when the budget for parts held ahead lets only some run ahead (the
+/// others stream as they are read). With `range_parts = 1` it is one GET.
+#[test]
+fn a_large_layer_comes_in_parallel_parts() {
+    use common::busybox::{config_of, layer_of, sha, Entry};
+    let env = Env::new("reg-ranges");
+    let reg = Registry::start(&env.base.join("registry"), None);
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let data: Vec<u8> = (0..6 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let tar = layer_of(&[Entry::File("data.bin", &data)]);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::none());
+    std::io::Write::write_all(&mut gz, &tar).unwrap();
+    let gz = gz.finish().unwrap();
+    reg.push_image(
+        "test/big",
+        "1",
+        None,
+        std::slice::from_ref(&gz),
+        &config_of(&[&tar], &["sh"]),
+    );
+    let gets = |status: &str| {
+        std::fs::read_to_string(&reg.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("\"GET /v2/") && l.contains(&format!("/blobs/{} ", sha(&gz))))
+            .filter(|l| l.contains(&format!("\" {status} ")))
+            .count()
+    };
+    let name = format!("{}/test/big:1", reg.addr);
+    let mut cfg = env.cfg.clone();
+    cfg.images.range_parts = 4;
+    cfg.images.range_part_bytes = 1 << 20;
+    // Room for two parts ahead of the one read.
+    cfg.images.range_buffer_bytes = 2 << 20;
+    let rt = sandboxd::Runtime::new(cfg.clone()).unwrap();
+    rt.pull_image(&name, &Auth::default()).unwrap();
+    let layer = env
+        .cfg
+        .root
+        .join("images/layers")
+        .join(&sha(&tar)["sha256:".len()..]);
+    assert_eq!(std::fs::read(layer.join("data.bin")).unwrap(), data);
+    assert_eq!(gets("200"), 0, "a whole GET of the layer");
+    assert!(
+        gets("206") >= 7,
+        "{} range GETs, want one per MiB",
+        gets("206")
+    );
+    rt.remove_image(&name).unwrap();
+    drop(rt);
+    cfg.images.range_parts = 1;
+    let rt = sandboxd::Runtime::new(cfg).unwrap();
+    rt.pull_image(&name, &Auth::default()).unwrap();
+    assert_eq!(gets("200"), 1, "range_parts = 1: one whole GET");
+    rt.remove_image(&name).unwrap();
+    drop(rt);
+    env.assert_no_leaks();
+}
+
 #[test]
 fn pull_with_basic_auth_and_through_a_mirror() {
     let env = Env::new("reg-auth");

@@ -1,9 +1,9 @@
 //! Images: references (`reference.rs`), the content store (`store.rs`), layer unpacking
 //! (`unpack.rs`), imports from archives and layouts (`archive.rs`), and pulls (`pull.rs`,
 //! which registry and credentials in `endpoints.rs`) through a bounded registry client
-//! (`registry.rs`), with their progress (`progress.rs`);
-//! one fetch per layer across concurrent pulls (`in_flight.rs`); OCI artifacts that are no
-//! runnable image (`artifact.rs`).
+//! (`registry.rs`), large layers by parallel range requests (`ranged.rs`), one fetch per
+//! layer across concurrent pulls (`in_flight.rs`), with their progress (`progress.rs`);
+//! OCI artifacts that are no runnable image (`artifact.rs`).
 
 #[doc(hidden)]
 pub mod archive;
@@ -15,6 +15,7 @@ pub mod in_flight;
 pub mod progress;
 #[doc(hidden)]
 pub mod pull;
+mod ranged;
 #[doc(hidden)]
 pub mod reference;
 #[doc(hidden)]

@@ -241,7 +241,7 @@ async fn pull_from(
     creds: Option<Creds>,
     ca: &[u8],
 ) -> std::result::Result<(ImageRecord, u64), PullError> {
-    let reg = Registry::new(host, http, &r.path, creds, ca)?;
+    let reg = Arc::new(Registry::new(host, http, &r.path, creds, ca)?);
     let (manifest, manifest_digest, list_digest) = resolve(&reg, r).await?;
     let config_digest = manifest["config"]["digest"]
         .as_str()
@@ -374,7 +374,7 @@ async fn pull_from(
 /// it only if the layer is still missing when it ends (it failed or was cancelled).
 async fn fetch_once(
     store: &ImageStore,
-    reg: &Registry,
+    reg: &Arc<Registry>,
     l: &LayerDesc,
     diff_id: &str,
     progress: &Arc<LayerProgress>,
@@ -440,22 +440,19 @@ impl std::io::Read for ChannelReader {
 /// (when blobs are kept).
 async fn fetch_layer(
     store: &ImageStore,
-    reg: &Registry,
+    reg: &Arc<Registry>,
     l: &LayerDesc,
     diff_id: &str,
     progress: &LayerProgress,
 ) -> std::result::Result<Option<String>, PullError> {
     let started = Instant::now();
-    let mut resp = reg.blob(&l.digest).await?;
-    if resp.content_length().is_some_and(|n| n != l.size) {
-        return Err(RegistryError::Invalid(format!(
-            "layer {}: the registry sends {} bytes, the manifest says {}",
-            l.digest,
-            resp.content_length().unwrap_or(0),
-            l.size
-        ))
-        .into());
-    }
+    let ranges = super::ranged::Ranges {
+        parts: store.cfg.range_parts,
+        part_bytes: store.cfg.range_part_bytes,
+        budget: store.range_budget.clone(),
+    };
+    let mut body = super::ranged::LayerBody::open(reg.clone(), &l.digest, l.size, ranges).await?;
+    let ranged = body.ranged();
     let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(8);
     let unpacker = {
         let store = store.clone();
@@ -490,10 +487,10 @@ async fn fetch_layer(
     let mut got = 0u64;
     let streamed: std::result::Result<(), String> = async {
         loop {
-            let c = match resp.chunk().await {
+            let c = match body.chunk().await {
                 Ok(Some(c)) => c,
                 Ok(None) => break,
-                Err(e) => return Err(format!("layer {}: {e}", l.digest)),
+                Err(e) => return Err(e.to_string()),
             };
             got += c.len() as u64;
             progress.received(c.len() as u64);
@@ -559,7 +556,7 @@ async fn fetch_layer(
         }
     };
     let secs = started.elapsed().as_secs_f64();
-    tracing::debug!(layer = %l.digest, diff_id, bytes = l.size, entries = applied.entries, unpacked_bytes = applied.bytes, seconds = secs, "layer pulled");
+    tracing::debug!(layer = %l.digest, diff_id, bytes = l.size, ranged, entries = applied.entries, unpacked_bytes = applied.bytes, seconds = secs, "layer pulled");
     match blob_tmp {
         Some((f, p)) => {
             drop(f);

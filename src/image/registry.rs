@@ -180,11 +180,25 @@ impl Registry {
 
     /// GET `url` (answering one authentication challenge), returning a successful response.
     async fn get(&self, url: &str, accept: &[&str]) -> Result<reqwest::Response, RegistryError> {
+        self.get_range(url, accept, None).await
+    }
+
+    /// [`Registry::get`], asking for bytes `start..=end` only (the answer may be a 206 of
+    /// them or, from a registry that ignores ranges, a 200 of the whole).
+    async fn get_range(
+        &self,
+        url: &str,
+        accept: &[&str],
+        range: Option<(u64, u64)>,
+    ) -> Result<reqwest::Response, RegistryError> {
         let mut answered = false;
         loop {
             let mut req = self.client.get(url);
             if !accept.is_empty() {
                 req = req.header(ACCEPT, accept.join(", "));
+            }
+            if let Some((start, end)) = range {
+                req = req.header(reqwest::header::RANGE, format!("bytes={start}-{end}"));
             }
             let auth = crate::state::lock(&self.token).clone();
             if let Some(t) = auth {
@@ -317,6 +331,18 @@ impl Registry {
     pub async fn blob(&self, digest: &str) -> Result<reqwest::Response, RegistryError> {
         let url = format!("{}/v2/{}/blobs/{digest}", self.base, self.repo);
         self.get(&url, &[]).await
+    }
+
+    /// Bytes `start..=end` of a blob (a 206), or all of it (a 200) from a registry that
+    /// ignores ranges.
+    pub async fn blob_range(
+        &self,
+        digest: &str,
+        start: u64,
+        end: u64,
+    ) -> Result<reqwest::Response, RegistryError> {
+        let url = format!("{}/v2/{}/blobs/{digest}", self.base, self.repo);
+        self.get_range(&url, &[], Some((start, end))).await
     }
 }
 

@@ -82,6 +82,8 @@ pub struct ImageStore {
     pub pulls: Arc<super::progress::Pulls>,
     /// The layers being fetched, so that concurrent pulls fetch each once.
     pub in_flight: super::in_flight::InFlight,
+    /// The budget of layer parts fetched ahead (`range_buffer_bytes`), over all pulls.
+    pub range_budget: Arc<tokio::sync::Semaphore>,
 }
 
 /// Keeps digests pinned until dropped.
@@ -217,12 +219,15 @@ impl ImageStore {
             crate::state::files::private_dir_all(&p).map_err(herr)?;
             crate::state::files::restrict_dir(&p).map_err(herr)?;
         }
+        let permits = (cfg.range_buffer_bytes / super::ranged::PERMIT_BYTES)
+            .min(tokio::sync::Semaphore::MAX_PERMITS as u64) as usize;
         Ok(ImageStore {
             dir,
             cfg,
             pins: Arc::default(),
             pulls: Arc::default(),
             in_flight: Default::default(),
+            range_budget: Arc::new(tokio::sync::Semaphore::new(permits)),
         })
     }
 

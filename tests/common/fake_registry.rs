@@ -16,6 +16,8 @@ pub struct Answer {
     pub content_length: bool,
     /// Sends the body this many bytes at a time with this pause between (a slow link).
     pub pace: Option<(usize, std::time::Duration)>,
+    /// More header lines (`Name: value`).
+    pub headers: Vec<String>,
 }
 
 impl Answer {
@@ -26,6 +28,7 @@ impl Answer {
             body: Arc::new(body),
             content_length: true,
             pace: None,
+            headers: Vec::new(),
         }
     }
 }
@@ -65,6 +68,9 @@ impl FakeRegistry {
                             );
                             if a.content_length {
                                 head += &format!("Content-Length: {}\r\n", a.body.len());
+                            }
+                            for h in &a.headers {
+                                head += &format!("{h}\r\n");
                             }
                             head += "\r\n";
                             let _ = w.write_all(head.as_bytes());
