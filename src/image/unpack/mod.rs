@@ -5,7 +5,6 @@
 //! created through a symlink (every parent is checked with lstat; the dir is private to us).
 //! Ownership, modes and hardlinks are kept; device nodes are skipped.
 
-mod frames;
 mod fs;
 mod read_ahead;
 #[cfg(test)]
@@ -86,6 +85,9 @@ pub fn free_bytes(p: &Path) -> Option<u64> {
         .map(|s| s.blocks_available().saturating_mul(s.fragment_size()))
 }
 
+/// The largest zstd window a layer may ask for (2^27 = 128 MiB, libzstd's default limit).
+const ZSTD_WINDOW_LOG_MAX: u32 = 27;
+
 /// Wraps `raw` in the right decompressor, by magic number.
 pub fn decompress<'a>(
     raw: Box<dyn Read + Send + 'a>,
@@ -111,12 +113,18 @@ fn decoder<'a>(
     let zstd_frame = magic == [0x28, 0xb5, 0x2f, 0xfd];
     let skippable_frame = magic[0] & 0xf0 == 0x50 && magic[1..] == [0x2a, 0x4d, 0x18];
     // Every member of a gzip file and every frame of a zstd stream, as `gzip -d` and
-    // `zstd -d` read them.
+    // `zstd -d` read them (zstd:chunked layers carry their table of contents in skippable
+    // frames).
     Ok(if n >= 2 && magic[..2] == [0x1f, 0x8b] {
         (Box::new(flate2::read::MultiGzDecoder::new(chained)), true)
     } else if n == 4 && (zstd_frame || skippable_frame) {
-        let frames = frames::ZstdFrames::new(chained).map_err(|e| malformed("zstd layer", e))?;
-        (Box::new(frames), true)
+        // libzstd: every frame, skippable ones skipped; a window up to what `zstd -d` takes
+        // without `--memory` (the decoder's buffer is the frame's window, not more).
+        let mut d =
+            zstd::stream::read::Decoder::new(chained).map_err(|e| malformed("zstd layer", e))?;
+        d.window_log_max(ZSTD_WINDOW_LOG_MAX)
+            .map_err(|e| malformed("zstd layer", e))?;
+        (Box::new(d), true)
     } else {
         (chained, false)
     })

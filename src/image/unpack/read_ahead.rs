@@ -7,9 +7,9 @@ use std::io::Read;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError};
 
 /// Bytes the decoder hands over at a time.
-pub const CHUNK: usize = 1 << 20;
+pub const CHUNK: usize = 512 << 10;
 /// Chunks decoded but not yet read, at most.
-pub const DEPTH: usize = 4;
+pub const DEPTH: usize = 2;
 
 /// What the decoder thread sends: a chunk, its error, or (an empty chunk) the end.
 type Item = std::io::Result<Vec<u8>>;

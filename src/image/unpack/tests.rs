@@ -108,8 +108,7 @@ fn zstd_layer_and_its_diff_id() {
         b.append(&header(tar::EntryType::Regular, "opt/z", 4), &b"zstd"[..])
             .unwrap();
     });
-    let z =
-        ruzstd::encoding::compress_to_vec(&data[..], ruzstd::encoding::CompressionLevel::Fastest);
+    let z = zstd::encode_all(&data[..], 1).unwrap();
     assert_eq!(&z[..4], b"\x28\xb5\x2f\xfd", "not a zstd frame");
     let root = tmp("zstd");
     let (_, diff_id) = apply_layer(Box::new(&z[..]), &root, &Limits::default()).unwrap();
@@ -148,11 +147,10 @@ fn multi_member_gzip_and_multi_frame_zstd() {
         f.extend(payload);
         f
     };
-    let fastest = ruzstd::encoding::CompressionLevel::Fastest;
     let mut zst = skippable(b"table of contents");
-    zst.extend(ruzstd::encoding::compress_to_vec(head, fastest));
+    zst.extend(zstd::encode_all(head, 1).unwrap());
     zst.extend(skippable(b""));
-    zst.extend(ruzstd::encoding::compress_to_vec(tail, fastest));
+    zst.extend(zstd::encode_all(tail, 1).unwrap());
     zst.extend(skippable(b"footer"));
     for (name, layer) in [("multigz", gz), ("multizst", zst)] {
         let root = tmp(name);
@@ -164,7 +162,7 @@ fn multi_member_gzip_and_multi_frame_zstd() {
     // A skippable frame cut short is an error, not an early end.
     let mut cut = skippable(b"0123456789");
     cut.truncate(9);
-    let mut whole = ruzstd::encoding::compress_to_vec(&data[..], fastest);
+    let mut whole = zstd::encode_all(&data[..], 1).unwrap();
     whole.extend(cut);
     let root = tmp("cutzst");
     assert!(apply_layer(Box::new(&whole[..]), &root, &Limits::default()).is_err());
