@@ -430,8 +430,8 @@ impl Default for StoreConfig {
             max_concurrent_downloads: 3,
             max_concurrent_pulls: 16,
             range_parts: 4,
-            range_part_bytes: 8 << 20,
-            range_buffer_bytes: 64 << 20,
+            range_part_bytes: 4 << 20,
+            range_buffer_bytes: 32 << 20,
         }
     }
 }

@@ -167,16 +167,27 @@ impl LayerBody {
             let (start, end) = (self.next, self.next + len - 1);
             let (reg, digest, size) = (self.reg.clone(), self.digest.clone(), self.size);
             self.ahead.push_back(tokio::spawn(async move {
-                let resp = part(&reg, &digest, start, end, size).await?;
-                let url = format!("layer {digest} bytes {start}-{end}");
-                let b = super::registry::read_capped(resp, len as usize, &url).await?;
+                let mut resp = part(&reg, &digest, start, end, size).await?;
+                // Exactly the part's bytes, in one buffer of its size (no regrowth).
+                let what = format!("layer {digest} bytes {start}-{end}");
+                let mut b = bytes::BytesMut::with_capacity(len as usize);
+                while let Some(c) = resp
+                    .chunk()
+                    .await
+                    .map_err(|e| RegistryError::Transport(format!("{what}: {e}")))?
+                {
+                    if (b.len() + c.len()) as u64 > len {
+                        return Err(invalid(format!("{what}: the registry sent more")));
+                    }
+                    b.extend_from_slice(&c);
+                }
                 if b.len() as u64 != len {
                     return Err(invalid(format!(
-                        "{url}: the registry sent {} bytes",
+                        "{what}: the registry sent {} bytes",
                         b.len()
                     )));
                 }
-                Ok((b, permit))
+                Ok((b.freeze(), permit))
             }));
             self.next = end + 1;
         }
