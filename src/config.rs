@@ -410,8 +410,10 @@ pub struct StoreConfig {
     /// connections and unpack threads.
     pub max_concurrent_pulls: usize,
     /// Range requests at once per large layer, where the registry answers them (the part
-    /// being read and those fetched ahead of it, as containerd 2.1's multipart fetch); 1: one
-    /// GET per layer.
+    /// being read and those fetched ahead of it, as containerd 2.1's multipart fetch); 1 (the
+    /// default, as containerd's): one GET per layer. Worth it where one stream cannot fill the
+    /// link (a far registry, object storage); from a near registry it only costs (each part
+    /// is a request the registry serves; `bench/RESULTS.md`, multi-GB pulls).
     pub range_parts: usize,
     /// Bytes per range request; a layer under two parts is fetched with one GET.
     pub range_part_bytes: u64,
@@ -429,7 +431,7 @@ impl Default for StoreConfig {
             keep_layer_blobs: false,
             max_concurrent_downloads: 3,
             max_concurrent_pulls: 16,
-            range_parts: 4,
+            range_parts: 1,
             range_part_bytes: 4 << 20,
             range_buffer_bytes: 32 << 20,
         }
