@@ -146,6 +146,19 @@ fn zero_bomb(size: u64) -> (Vec<u8>, String) {
     (gz.finish().unwrap(), diff_id)
 }
 
+/// Nothing of a refused pull is in the store: no image, no layer, no temp file.
+fn assert_store_empty(rt: &Runtime) {
+    assert!(rt.images().list().is_empty());
+    assert!(
+        list_names(&rt.images().dir.join("layers")).is_empty(),
+        "a layer was left"
+    );
+    assert!(
+        list_names(&rt.images().dir.join("tmp")).is_empty(),
+        "temp files left"
+    );
+}
+
 /// Pulls are bounded: a manifest over 4 MiB, a layer longer than its descriptor, a
 /// decompression bomb, a layer of too many entries and a pull the free space cannot hold
 /// are all refused, leaving nothing in the store. (Issue item: pull limits.)
@@ -157,17 +170,6 @@ fn pulls_are_bounded() {
     cfg.images.max_layer_bytes = 8 << 20;
     cfg.images.max_layer_entries = 1000;
     let rt = sandboxd::Runtime::new(cfg.clone()).unwrap();
-    let store_empty = |rt: &Runtime| {
-        assert!(rt.images().list().is_empty());
-        assert!(
-            list_names(&rt.images().dir.join("layers")).is_empty(),
-            "a layer was left"
-        );
-        assert!(
-            list_names(&rt.images().dir.join("tmp")).is_empty(),
-            "temp files left"
-        );
-    };
     // A lying registry.
     let (small_layer, small_cfg) = busybox::gzip_layer_and_config();
     let manifest = serde_json::to_vec(&serde_json::json!({
@@ -202,7 +204,7 @@ fn pulls_are_bounded() {
         .pull_image(&format!("{}/x/liar:liar", fake.addr), &Default::default())
         .unwrap_err();
     assert!(e.to_string().contains("more than the 100 bytes"), "{e}");
-    store_empty(&rt);
+    assert_store_empty(&rt);
 
     // A real registry with a decompression bomb, and a layer of too many entries.
     let reg = common::registry::Registry::start(&env.base.join("registry"), None);
@@ -238,7 +240,7 @@ fn pulls_are_bounded() {
         .unwrap_err();
     assert!(e.to_string().contains("more than 1000 entries"), "{e}");
     assert!(matches!(e, sandboxd::Error::ResourceExhausted(_)), "{e}");
-    store_empty(&rt);
+    assert_store_empty(&rt);
     drop(rt);
     // No room: refused before a byte is written.
     cfg.images.min_free_bytes = u64::MAX / 4;
@@ -248,7 +250,7 @@ fn pulls_are_bounded() {
         .pull_image(&format!("{}/x/ok:1", reg.addr), &Default::default())
         .unwrap_err();
     assert!(matches!(e, sandboxd::Error::ResourceExhausted(_)), "{e}");
-    store_empty(&rt);
+    assert_store_empty(&rt);
     env.assert_no_leaks();
 }
 
@@ -264,19 +266,9 @@ fn range_requests_against_registries_that_ignore_or_twist_them() {
     cfg.images.range_part_bytes = 1 << 20;
     let rt = sandboxd::Runtime::new(cfg).unwrap();
     // 3 MiB that gzip stores as is: three parts.
-    let mut x: u32 = 0x1234_5678;
-    let data: Vec<u8> = (0..3 << 20)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect();
+    let data = busybox::noise(3 << 20, 0x1234_5678);
     let tar = busybox::layer_of(&[busybox::Entry::File("data.bin", &data)]);
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::none());
-    std::io::Write::write_all(&mut gz, &tar).unwrap();
-    let gz = gz.finish().unwrap();
+    let gz = busybox::stored_gzip(&tar);
     let config = serde_json::to_vec(&serde_json::json!({"architecture": "amd64", "os": "linux",
         "config": {"Cmd": ["sh"]}, "rootfs": {"type": "layers", "diff_ids": [busybox::sha(&tar)]}}))
     .unwrap();
@@ -332,15 +324,7 @@ fn range_requests_against_registries_that_ignore_or_twist_them() {
             && m.contains(&format!("bytes {}-", size - 100)),
         "{m}"
     );
-    assert!(rt.images().list().is_empty());
-    assert!(
-        list_names(&rt.images().dir.join("layers")).is_empty(),
-        "a layer was left"
-    );
-    assert!(
-        list_names(&rt.images().dir.join("tmp")).is_empty(),
-        "temp files left"
-    );
+    assert_store_empty(&rt);
     drop(rt);
     env.assert_no_leaks();
 }

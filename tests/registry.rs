@@ -89,20 +89,8 @@ fn concurrent_pulls_of_two_images_fetch_a_shared_layer_once() {
     let reg = Registry::start(&env.base.join("registry"), None);
     // 8 MiB that does not compress, stored as is: its fetch lasts long enough for both pulls
     // to want it at once.
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let big: Vec<u8> = (0..8 << 20)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
-    let gz = |t: &[u8]| {
-        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::none());
-        std::io::Write::write_all(&mut e, t).unwrap();
-        e.finish().unwrap()
-    };
+    let big = common::busybox::noise(8 << 20, 0x9e37_79b9_7f4a_7c15);
+    let gz = common::busybox::stored_gzip;
     let shared_tar = layer_of(&[Entry::File("shared.bin", &big)]);
     let shared = gz(&shared_tar);
     let names: Vec<String> = ["a", "b"]
@@ -160,19 +148,9 @@ fn a_large_layer_comes_in_parallel_parts() {
     use common::busybox::{config_of, layer_of, sha, Entry};
     let env = Env::new("reg-ranges");
     let reg = Registry::start(&env.base.join("registry"), None);
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    let data: Vec<u8> = (0..6 << 20)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let data = common::busybox::noise(6 << 20, 0x2545_f491_4f6c_dd1d);
     let tar = layer_of(&[Entry::File("data.bin", &data)]);
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::none());
-    std::io::Write::write_all(&mut gz, &tar).unwrap();
-    let gz = gz.finish().unwrap();
+    let gz = common::busybox::stored_gzip(&tar);
     reg.push_image(
         "test/big",
         "1",

@@ -13,6 +13,7 @@ use reqwest::StatusCode;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::registry::{Registry, RegistryError};
+use super::store::RANGE_PERMIT_BYTES as PERMIT_BYTES;
 
 /// What a part fetched ahead holds until it is read: its bytes and their budget permits.
 type Ahead = tokio::task::JoinHandle<Result<(Bytes, OwnedSemaphorePermit), RegistryError>>;
@@ -30,9 +31,6 @@ pub struct Ranges {
     /// The store-wide budget for parts held ahead, in permits of [`PERMIT_BYTES`].
     pub budget: Arc<Semaphore>,
 }
-
-/// Budget permits are 64 KiB each (a semaphore counts in `u32`).
-pub const PERMIT_BYTES: u64 = 64 << 10;
 
 /// A layer being read.
 pub struct LayerBody {

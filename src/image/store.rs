@@ -70,6 +70,9 @@ struct Index {
     images: BTreeMap<String, ImageRecord>,
 }
 
+/// The range-request budget's permits are this many bytes each (a semaphore counts in `u32`).
+pub const RANGE_PERMIT_BYTES: u64 = 64 << 10;
+
 /// The store; cheap to clone (clones share the pins of work in flight).
 #[derive(Debug, Clone)]
 pub struct ImageStore {
@@ -219,7 +222,7 @@ impl ImageStore {
             crate::state::files::private_dir_all(&p).map_err(herr)?;
             crate::state::files::restrict_dir(&p).map_err(herr)?;
         }
-        let permits = (cfg.range_buffer_bytes / super::ranged::PERMIT_BYTES)
+        let permits = (cfg.range_buffer_bytes / RANGE_PERMIT_BYTES)
             .min(tokio::sync::Semaphore::MAX_PERMITS as u64) as usize;
         Ok(ImageStore {
             dir,

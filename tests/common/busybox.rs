@@ -230,3 +230,23 @@ pub fn gzip_layer_and_config() -> (Vec<u8>, Vec<u8>) {
     std::io::Write::write_all(&mut gz, &layer).unwrap();
     (gz.finish().unwrap(), config(&layer, &["sh"]))
 }
+
+/// `len` bytes that do not compress (xorshift from `seed`), for layers whose size matters.
+pub fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// `tar` as a gzip stream of stored blocks (no compression: quick, and as large as the tar).
+pub fn stored_gzip(tar: &[u8]) -> Vec<u8> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::none());
+    std::io::Write::write_all(&mut gz, tar).unwrap();
+    gz.finish().unwrap()
+}
