@@ -21,7 +21,29 @@ pub struct OomCounts {
 /// `memory.events` of one cgroup, open for the container's life.
 pub struct OomWatch {
     file: File,
+    /// The parent cgroup's (the pod's) `memory.events` and its counters when the watch began:
+    /// they include this cgroup's and outlive it. Read only when this cgroup was gone before
+    /// its kill was read (under load, systemd can remove an OOM-killed scope before the
+    /// monitor is scheduled); a sibling's kill in that window would count as this one's.
+    parent: Option<(File, OomCounts)>,
+    /// Whether the last read of the container's own file failed (its cgroup is gone).
+    own_gone: bool,
     pub last: OomCounts,
+}
+
+/// The counters of an open `memory.events`; `None` once its cgroup is removed.
+fn read_counts(f: &File) -> Option<OomCounts> {
+    let mut buf = [0u8; 512];
+    let n = f.read_at(&mut buf, 0).ok()?;
+    Some(parse(&String::from_utf8_lossy(&buf[..n])))
+}
+
+fn open_events(path: &Path) -> Option<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .ok()
 }
 
 impl OomWatch {
@@ -43,16 +65,17 @@ impl OomWatch {
         if v2_cgroup("/proc/self/cgroup").as_deref() == Some(rel.as_str()) {
             return Err(NotYet::Later);
         }
-        let path = Path::new(mount)
-            .join(rel.trim_start_matches('/'))
-            .join("memory.events");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)
-            .map_err(|_| NotYet::Never)?;
+        let dir = Path::new(mount).join(rel.trim_start_matches('/'));
+        let file = open_events(&dir.join("memory.events")).ok_or(NotYet::Never)?;
+        // (The root cgroup has no memory.events: no parent to fall back on.)
+        let parent = dir
+            .parent()
+            .and_then(|p| open_events(&p.join("memory.events")))
+            .and_then(|f| read_counts(&f).map(|base| (f, base)));
         let mut w = OomWatch {
             file,
+            parent,
+            own_gone: false,
             last: OomCounts::default(),
         };
         w.refresh();
@@ -66,11 +89,29 @@ impl OomWatch {
     /// Reads the counters again (reading also re-arms the change notification); a cgroup
     /// already removed keeps the last values read.
     pub fn refresh(&mut self) {
-        let mut buf = [0u8; 512];
-        if let Ok(n) = self.file.read_at(&mut buf, 0) {
-            let now = parse(&String::from_utf8_lossy(&buf[..n]));
-            self.last.at_limit = self.last.at_limit.max(now.at_limit);
-            self.last.kills = self.last.kills.max(now.kills);
+        match read_counts(&self.file) {
+            Some(now) => {
+                self.own_gone = false;
+                self.last.at_limit = self.last.at_limit.max(now.at_limit);
+                self.last.kills = self.last.kills.max(now.kills);
+            }
+            None => self.own_gone = true,
+        }
+    }
+
+    /// The counters for the exit: the container's own, or — its cgroup gone before any kill
+    /// was read — what the parent's grew by since the watch began.
+    pub fn at_exit(&mut self) -> OomCounts {
+        self.refresh();
+        if !self.own_gone || self.last.kills > 0 {
+            return self.last;
+        }
+        match &self.parent {
+            Some((f, base)) => read_counts(f).map_or(self.last, |now| OomCounts {
+                at_limit: now.at_limit.saturating_sub(base.at_limit),
+                kills: now.kills.saturating_sub(base.kills),
+            }),
+            None => self.last,
         }
     }
 }

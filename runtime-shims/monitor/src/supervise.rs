@@ -200,9 +200,9 @@ fn serve(
     // for slow attach clients below.
     let mut exit = reaper.into_exit().expect("loop ends only after the exit");
     if let Ok(w) = &mut oom {
-        w.refresh();
-        exit.info.oom_kills = w.last.kills;
-        exit.info.oom_at_limit = w.last.at_limit;
+        let c = w.at_exit();
+        exit.info.oom_kills = c.kills;
+        exit.info.oom_at_limit = c.at_limit;
     }
     let _ = write_atomic(&args.exit_file, &exit.info.to_line(), Durability::Rename);
     attach.close(args.attach_socket.as_deref());
