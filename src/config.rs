@@ -415,7 +415,7 @@ pub struct StoreConfig {
     /// link (a far registry, object storage); from a near registry it only costs (each part
     /// is a request the registry serves; `bench/RESULTS.md`, multi-GB pulls).
     pub range_parts: usize,
-    /// Bytes per range request; a layer under two parts is fetched with one GET.
+    /// Bytes per range request (64 KiB at least); a layer under two parts is fetched with one GET.
     pub range_part_bytes: u64,
     /// Most bytes of parts fetched ahead and held in memory, over all pulls together (a part
     /// that does not fit is fetched when it is read).

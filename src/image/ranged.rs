@@ -124,7 +124,9 @@ impl LayerBody {
             pending: Bytes::new(),
             _pending_permit: None,
         };
-        let part = body.ranges.part_bytes.max(1);
+        // (A part of a few bytes would be a request per few bytes: 64 KiB at least.)
+        body.ranges.part_bytes = body.ranges.part_bytes.max(PERMIT_BYTES);
+        let part = body.ranges.part_bytes;
         if body.ranges.parts > 1 && size >= part.saturating_mul(2) {
             let resp = body.reg.blob_range(digest, 0, part - 1).await?;
             if resp.status() == StatusCode::PARTIAL_CONTENT {
