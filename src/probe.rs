@@ -358,20 +358,17 @@ impl Trial {
                 crate::cgroups::remove(&cgroup).and_then(|()| crate::cgroups::remove(&pod_cgroup));
             match r {
                 Ok(()) => break,
-                // Whatever is still inside after `delete` is stray (a sandbox process of a
-                // trial a killed daemon left while `create` ran, which no state names).
-                Err(_)
-                    if crate::cgroups::kill_all(&cgroup)
-                        + crate::cgroups::kill_all(&pod_cgroup)
-                        > 0 =>
-                {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
                 Err(e) if Instant::now() >= deadline => {
                     tracing::warn!(handler = %rt.name, error = %e, "cannot remove the probe's trial cgroup");
                     break;
                 }
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                Err(_) => {
+                    // Whatever is still inside after `delete` is stray (a sandbox process of
+                    // a trial a killed daemon left while `create` ran, which no state names).
+                    crate::cgroups::kill_all(&cgroup);
+                    crate::cgroups::kill_all(&pod_cgroup);
+                    std::thread::sleep(Duration::from_millis(50));
+                }
             }
         }
         let _ = std::fs::remove_dir_all(&dir);

@@ -516,12 +516,16 @@ fn count_procs(dir: &Path) -> u64 {
     n
 }
 
+/// Whether `cgroup` can name a cgroup of ours: not the root, nothing above it.
+fn is_ours(cgroup: &str) -> bool {
+    !cgroup.split('/').any(|c| c == "..") && !cgroup.trim_matches('/').is_empty()
+}
+
 /// Sends SIGKILL to every process in `cgroup`'s own `cgroup.procs`, in every hierarchy
 /// (for a cgroup of ours that must be emptied: a trial a killed daemon left half-made).
-/// Returns how many signals were sent.
-pub fn kill_all(cgroup: &str) -> usize {
-    if cgroup.split('/').any(|c| c == "..") || cgroup.trim_matches('/').is_empty() {
-        return 0;
+pub fn kill_all(cgroup: &str) {
+    if !is_ours(cgroup) {
+        return;
     }
     let mut pids = std::collections::BTreeSet::new();
     for h in hierarchies() {
@@ -530,16 +534,12 @@ pub fn kill_all(cgroup: &str) -> usize {
             pids.extend(t.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
         }
     }
-    pids.iter()
-        .filter(|&&p| p > 1)
-        .filter(|&&p| {
-            nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(p),
-                nix::sys::signal::Signal::SIGKILL,
-            )
-            .is_ok()
-        })
-        .count()
+    for p in pids.into_iter().filter(|&p| p > 1) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(p),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
 }
 
 /// Removes `cgroup` (an empty directory once its containers are deleted) from every
@@ -549,7 +549,7 @@ pub fn remove(cgroup: &str) -> Result<(), HostError> {
     if let Some(unit) = systemd::unit_of(cgroup) {
         return systemd::stop(&unit, &systemd::fs_path(cgroup));
     }
-    if cgroup.split('/').any(|c| c == "..") || cgroup.trim_matches('/').is_empty() {
+    if !is_ours(cgroup) {
         return Err(HostError::Refused {
             op: "remove cgroup",
             path: cgroup.into(),

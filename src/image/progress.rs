@@ -69,6 +69,7 @@ impl LayerProgress {
     }
 
     /// The bytes received so far.
+    #[cfg(test)]
     pub fn received_bytes(&self) -> u64 {
         self.received.load(Ordering::Relaxed)
     }

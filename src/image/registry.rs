@@ -313,9 +313,13 @@ impl Registry {
         Ok((body, media, digest))
     }
 
+    fn blob_url(&self, digest: &str) -> String {
+        format!("{}/v2/{}/blobs/{digest}", self.base, self.repo)
+    }
+
     /// A small blob (a config) of at most `max` bytes, checked against its digest.
     pub async fn blob_bytes(&self, digest: &str, max: usize) -> Result<Bytes, RegistryError> {
-        let url = format!("{}/v2/{}/blobs/{digest}", self.base, self.repo);
+        let url = self.blob_url(digest);
         let resp = self.get(&url, &[]).await?;
         let body = read_capped(resp, max, &url).await?;
         let got = super::store::sha256_of(&body);
@@ -329,7 +333,7 @@ impl Registry {
 
     /// A blob as a response to stream (the caller bounds and verifies it).
     pub async fn blob(&self, digest: &str) -> Result<reqwest::Response, RegistryError> {
-        let url = format!("{}/v2/{}/blobs/{digest}", self.base, self.repo);
+        let url = self.blob_url(digest);
         self.get(&url, &[]).await
     }
 
@@ -341,7 +345,7 @@ impl Registry {
         start: u64,
         end: u64,
     ) -> Result<reqwest::Response, RegistryError> {
-        let url = format!("{}/v2/{}/blobs/{digest}", self.base, self.repo);
+        let url = self.blob_url(digest);
         self.get_range(&url, &[], Some((start, end))).await
     }
 }
