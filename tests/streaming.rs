@@ -268,7 +268,7 @@ fn streaming_over_tls() {
         .add(rustls_pki_types::CertificateDer::from_pem_file(dir.join("ca.pem")).unwrap())
         .unwrap();
     let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::aws_lc_rs::default_provider(),
+        rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .unwrap()

@@ -141,6 +141,17 @@ pub struct Registry {
     token: std::sync::Mutex<Option<String>>,
 }
 
+/// reqwest is built without a crypto provider of its own: ring becomes the process's
+/// default unless the program embedding the library installed one first (then that one is
+/// used). aws-lc, reqwest's own default, was the slowest step of a fresh build. A program
+/// that builds reqwest clients of its own next to the library calls this first.
+pub fn install_tls_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
 impl Registry {
     /// `host` is `host[:port]`; `plain_http` for insecure and loopback registries; `ca` are
     /// PEM certificates trusted besides the system's.
@@ -151,6 +162,7 @@ impl Registry {
         creds: Option<Creds>,
         ca: &[u8],
     ) -> Result<Registry, RegistryError> {
+        install_tls_provider();
         let mut b = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(Duration::from_secs(60))

@@ -180,7 +180,7 @@ pub(super) fn tls_acceptor(cfg: &StreamingConfig) -> Result<Option<tokio_rustls:
     let key = rustls_pki_types::PrivateKeyDer::from_pem_file(key)
         .map_err(|e| bad(&key.display().to_string(), &e))?;
     let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(Arc::new(
-        tokio_rustls::rustls::crypto::aws_lc_rs::default_provider(),
+        tokio_rustls::rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .map_err(|e| bad("protocols", &e))?

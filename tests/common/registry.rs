@@ -118,6 +118,7 @@ impl Registry {
     }
 
     fn client(&self) -> (reqwest::Client, String) {
+        sandboxd::image::registry::install_tls_provider();
         let c = reqwest::Client::builder()
             // The test's own self-signed registry.
             .tls_danger_accept_invalid_certs(self.tls)
