@@ -42,7 +42,8 @@ pub(crate) fn exec_sync(
     let pid_file = rec
         .dir
         .join(format!("exec-{}.pid", &crate::validate::new_id()[..12]));
-    let c = runtime.exec_command(&rec.id, &rec.dir, &pid_file, None, cmd, !timeout.is_zero());
+    let (c, within) =
+        runtime.exec_command(&rec.id, &rec.dir, &pid_file, None, cmd, !timeout.is_zero());
     let limits = crate::process::Limits {
         timeout: (!timeout.is_zero()).then_some(timeout),
         stdout_cap: MAX_EXEC_OUTPUT,
@@ -52,6 +53,7 @@ pub(crate) fn exec_sync(
         drain: Duration::from_secs(1),
         budget: Some(rt.exec_output.clone()),
         cancel,
+        within,
     };
     let mut killed: Vec<i32> = Vec::new();
     let r = crate::process::run_with(c, b"", &limits, |_| {

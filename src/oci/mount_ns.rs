@@ -25,12 +25,9 @@
 //! Anything that cannot be done (a kernel without `open_tree`, a path the template lacks, a
 //! monitor that cannot open or enter the namespace it is given) runs that call in the host's
 //! namespace as before: slower, never different.
-#![allow(unsafe_code)]
 
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -65,7 +62,7 @@ impl Hidden {
 /// One template namespace: its nsfs fd and its root dir.
 #[derive(Debug)]
 struct Template {
-    ns: OwnedFd,
+    ns: Arc<OwnedFd>,
     root: OwnedFd,
     made: Instant,
 }
@@ -244,21 +241,10 @@ impl RuntimeMountNs {
         }
     }
 
-    /// Makes `cmd` run in the template (for calls on an existing container).
-    pub fn enter(self: &Arc<Self>, cmd: &mut Command) {
-        let Some(t) = self.template() else {
-            return;
-        };
-        // SAFETY: setns is async-signal-safe; the closure owns the template, so its fd is open
-        // whenever the command is spawned.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setns(t.ns.as_raw_fd(), libc::CLONE_NEWNS) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+    /// The template's namespace, for calls on existing containers to be spawned in
+    /// ([`crate::process::Within`]); `None`: they run in the daemon's.
+    pub fn current(self: &Arc<Self>) -> Option<Arc<OwnedFd>> {
+        self.template().map(|t| Arc::clone(&t.ns))
     }
 
     /// The namespace for `runtime create` of the bundle at `bundle`: a copy of the template
@@ -346,7 +332,10 @@ fn make_template(hidden: &[Hidden]) -> Result<Template, HostError> {
             "made the runtime's mount namespace"
         );
         Ok(Template {
-            ns: open_fd(Path::new("/proc/thread-self/ns/mnt"), OFlag::O_RDONLY)?,
+            ns: Arc::new(open_fd(
+                Path::new("/proc/thread-self/ns/mnt"),
+                OFlag::O_RDONLY,
+            )?),
             root: open_fd(Path::new("/"), OFlag::O_PATH | OFlag::O_DIRECTORY)?,
             made: Instant::now(),
         })

@@ -12,7 +12,7 @@ use sandboxd_shim_common::runtime::{self, last_log_error, RuntimeState};
 
 use super::files::ContainerFiles;
 use super::mount_ns::RuntimeMountNs;
-use crate::process::{self, RunError};
+use crate::process::{self, RunError, Within};
 
 /// A runtime call failed; `msg` is the runtime's (or the monitor's) own message.
 #[derive(Debug, thiserror::Error)]
@@ -68,63 +68,67 @@ pub struct OciRuntime {
 }
 
 impl OciRuntime {
-    /// A call on an existing container, in the runtime's mount namespace.
-    fn base(&self, log: Option<&Path>) -> Command {
-        let mut c = self.base_in_host_ns(log);
-        if let Some(ns) = &self.mount_ns {
-            ns.enter(&mut c);
-        }
-        c
+    /// A call on an existing container: spawned in the runtime's mount namespace, umask 077
+    /// (what the runtime writes under the state root is root's alone).
+    fn base(&self, log: Option<&Path>) -> (Command, Within) {
+        let (c, within) = self.base_in_host_ns(log);
+        let mount_ns = self.mount_ns.as_ref().and_then(|ns| ns.current());
+        (c, Within { mount_ns, ..within })
     }
 
     /// A call that must see the host's mounts as they are (CRIU's checkpoint).
-    fn base_in_host_ns(&self, log: Option<&Path>) -> Command {
+    fn base_in_host_ns(&self, log: Option<&Path>) -> (Command, Within) {
         let mut c = runtime::command(&self.path, &self.args, &self.root);
-        process::private_umask(&mut c);
         if let Some(log) = log {
             c.arg("--log").arg(log).arg("--log-format").arg("json");
         }
-        c
+        (c, Within::private())
     }
 
     fn call(
         &self,
         op: &'static str,
         id: &str,
-        cmd: Command,
+        (cmd, within): (Command, Within),
         log: Option<&Path>,
     ) -> Result<Vec<u8>, RuntimeError> {
-        self.call_killing(op, id, cmd, log, |_| {})
+        self.call_killing(op, id, cmd, Some(within), log, |_| {})
     }
 
     /// [`call`](Self::call) that also runs `on_timeout` (with the child's pid) before the
-    /// child's process group is killed at the time limit.
+    /// child's process group is killed at the time limit; spawned `within` (`None`: by the
+    /// calling thread).
     fn call_killing(
         &self,
         op: &'static str,
         id: &str,
         mut cmd: Command,
+        within: Option<Within>,
         log: Option<&Path>,
         on_timeout: impl FnOnce(i32),
     ) -> Result<Vec<u8>, RuntimeError> {
         cmd.env_remove("NOTIFY_SOCKET");
         let started = std::time::Instant::now();
-        let out = process::run_with(cmd, b"", &process::Limits::helper(self.timeout), on_timeout)
-            .map_err(|source| match source {
-            RunError::Timeout { limit, stderr, .. } => RuntimeError::TimedOut {
-                runtime: self.name.clone(),
-                binary: self.path.display().to_string(),
-                op,
-                id: id.to_string(),
-                limit,
-                stderr,
-            },
-            source => RuntimeError::Run {
-                runtime: self.name.clone(),
-                op,
-                source,
-            },
-        })?;
+        let limits = process::Limits {
+            within,
+            ..process::Limits::helper(self.timeout)
+        };
+        let out =
+            process::run_with(cmd, b"", &limits, on_timeout).map_err(|source| match source {
+                RunError::Timeout { limit, stderr, .. } => RuntimeError::TimedOut {
+                    runtime: self.name.clone(),
+                    binary: self.path.display().to_string(),
+                    op,
+                    id: id.to_string(),
+                    limit,
+                    stderr,
+                },
+                source => RuntimeError::Run {
+                    runtime: self.name.clone(),
+                    op,
+                    source,
+                },
+            })?;
         tracing::debug!(
             container_id = id,
             runtime = %self.name,
@@ -203,7 +207,7 @@ impl OciRuntime {
         // the runtime and the runtime's children in it) is killed by the pid it wrote first,
         // then whatever the runtime made of the container is force-deleted.
         let monitor_pid = files.monitor_pid_file.clone();
-        let out = self.call_killing("create", id, c, Some(&files.runtime_log), |_| {
+        let out = self.call_killing("create", id, c, None, Some(&files.runtime_log), |_| {
             if let Some(pid) = process::read_pid(&monitor_pid).filter(|p| *p > 1) {
                 process::kill_tree(pid);
             }
@@ -250,7 +254,9 @@ impl OciRuntime {
             id: id.to_string(),
             msg,
         };
-        match process::run_with_stdio(c, [None, None, stderr], self.timeout) {
+        // From the spawner thread: no signal blocked in the container's init.
+        let within = Within::default();
+        match process::run_with_stdio(c, [None, None, stderr], self.timeout, Some(&within)) {
             Ok(st) if st.success() => Ok(()),
             Ok(st) => {
                 // The runtime's stderr is read only as far as an error message goes.
@@ -282,9 +288,9 @@ impl OciRuntime {
     }
 
     pub fn start(&self, id: &str, log: &Path) -> Result<(), RuntimeError> {
-        let mut c = self.base(Some(log));
+        let (mut c, within) = self.base(Some(log));
         c.arg("start").arg(id);
-        self.call("start", id, c, Some(log)).map(drop)
+        self.call("start", id, (c, within), Some(log)).map(drop)
     }
 
     /// `start` run with the container's stdio (a runtime that gives a container inside its
@@ -295,24 +301,26 @@ impl OciRuntime {
         log: &Path,
         stdio: [Option<std::os::fd::OwnedFd>; 3],
     ) -> Result<(), RuntimeError> {
-        let mut c = self.base(Some(log));
+        let (mut c, within) = self.base(Some(log));
         c.arg("start").arg(id).env_remove("NOTIFY_SOCKET");
         let started = std::time::Instant::now();
         let status =
-            process::run_with_stdio(c, stdio, self.timeout).map_err(|source| match source {
-                RunError::Timeout { limit, stderr, .. } => RuntimeError::TimedOut {
-                    runtime: self.name.clone(),
-                    binary: self.path.display().to_string(),
-                    op: "start",
-                    id: id.to_string(),
-                    limit,
-                    stderr,
-                },
-                source => RuntimeError::Run {
-                    runtime: self.name.clone(),
-                    op: "start",
-                    source,
-                },
+            process::run_with_stdio(c, stdio, self.timeout, Some(&within)).map_err(|source| {
+                match source {
+                    RunError::Timeout { limit, stderr, .. } => RuntimeError::TimedOut {
+                        runtime: self.name.clone(),
+                        binary: self.path.display().to_string(),
+                        op: "start",
+                        id: id.to_string(),
+                        limit,
+                        stderr,
+                    },
+                    source => RuntimeError::Run {
+                        runtime: self.name.clone(),
+                        op: "start",
+                        source,
+                    },
+                }
             })?;
         tracing::debug!(container_id = id, runtime = %self.name, op = "start", elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, %status, "runtime call returned");
         if status.success() {
@@ -328,9 +336,9 @@ impl OciRuntime {
 
     /// The runtime's view of the container; `None` if the runtime does not know it.
     pub fn state(&self, id: &str) -> Result<Option<RuntimeState>, RuntimeError> {
-        let mut c = self.base(None);
+        let (mut c, within) = self.base(None);
         c.arg("state").arg(id);
-        match self.call("state", id, c, None) {
+        match self.call("state", id, (c, within), None) {
             Ok(out) => serde_json::from_slice(&out)
                 .map(Some)
                 .map_err(|e| RuntimeError::Failed {
@@ -348,13 +356,13 @@ impl OciRuntime {
     /// process in it (a container sharing a PID namespace is not killed with its init); a
     /// container that is gone or stopped is success.
     pub fn kill(&self, id: &str, signal: &str, all: bool, log: &Path) -> Result<(), RuntimeError> {
-        let mut c = self.base(Some(log));
+        let (mut c, within) = self.base(Some(log));
         c.arg("kill");
         if all {
             c.arg("--all");
         }
         c.arg(id).arg(signal);
-        match self.call("kill", id, c, Some(log)) {
+        match self.call("kill", id, (c, within), Some(log)) {
             Ok(_) => Ok(()),
             Err(e) if is_not_found(&e) || is_not_running(&e) => Ok(()),
             // runsc cannot signal a created (never started) container; removing it is how it
@@ -366,9 +374,9 @@ impl OciRuntime {
 
     /// `update --resources FILE`: applies new cgroup limits (an OCI `LinuxResources` JSON).
     pub fn update(&self, id: &str, resources: &Path, log: &Path) -> Result<(), RuntimeError> {
-        let mut c = self.base(Some(log));
+        let (mut c, within) = self.base(Some(log));
         c.arg("update").arg("--resources").arg(resources).arg(id);
-        self.call("update", id, c, Some(log)).map(drop)
+        self.call("update", id, (c, within), Some(log)).map(drop)
     }
 
     /// The command that runs `cmd` in container `id`: `sandboxd-monitor exec`, which runs the
@@ -391,7 +399,7 @@ impl OciRuntime {
         console: Option<&Path>,
         cmd: &[String],
         bounded: bool,
-    ) -> Command {
+    ) -> (Command, Option<Within>) {
         let process_file = pid_file.with_extension("process.json");
         let process_file = match exec_process(bundle, cmd, console.is_some()).and_then(|p| {
             crate::state::files::write_private(&process_file, p.to_string().as_bytes())
@@ -418,10 +426,16 @@ impl OciRuntime {
             .to_args(),
         )
         .env_remove("NOTIFY_SOCKET");
-        if let Some(ns) = self.mount_ns.as_ref().filter(|_| bounded) {
-            ns.enter(&mut c);
-        }
-        c
+        let within = self
+            .mount_ns
+            .as_ref()
+            .filter(|_| bounded)
+            .and_then(|ns| ns.current())
+            .map(|ns| Within {
+                umask: None,
+                mount_ns: Some(ns),
+            });
+        (c, within)
     }
 
     /// `checkpoint`: CRIU dumps the running container's processes into `images` (`work` for
@@ -434,7 +448,7 @@ impl OciRuntime {
         leave_running: bool,
         log: &Path,
     ) -> Result<(), RuntimeError> {
-        let mut c = self.base_in_host_ns(Some(log));
+        let (mut c, within) = self.base_in_host_ns(Some(log));
         c.arg("checkpoint")
             .arg("--image-path")
             .arg(images)
@@ -444,16 +458,17 @@ impl OciRuntime {
             c.arg("--leave-running");
         }
         c.arg(id);
-        self.call("checkpoint", id, c, Some(log)).map(drop)
+        self.call("checkpoint", id, (c, within), Some(log))
+            .map(drop)
     }
 
     /// `events --stats`: the container's CPU (nanoseconds), memory (bytes) and task count as
     /// the runtime measures them — for runtimes whose containers leave their own cgroup
     /// empty (runsc runs every container inside its sandbox's).
     pub fn stats(&self, id: &str) -> Result<RuntimeStats, RuntimeError> {
-        let mut c = self.base(None);
+        let (mut c, within) = self.base(None);
         c.arg("events").arg("--stats").arg(id);
-        let out = self.call("events", id, c, None)?;
+        let out = self.call("events", id, (c, within), None)?;
         let v: serde_json::Value =
             serde_json::from_slice(&out).map_err(|e| RuntimeError::Failed {
                 runtime: self.name.clone(),
@@ -471,9 +486,9 @@ impl OciRuntime {
 
     /// `delete --force`; a container the runtime does not know is success.
     pub fn delete(&self, id: &str, log: &Path) -> Result<(), RuntimeError> {
-        let mut c = self.base(Some(log));
+        let (mut c, within) = self.base(Some(log));
         c.arg("delete").arg("--force").arg(id);
-        match self.call("delete", id, c, Some(log)) {
+        match self.call("delete", id, (c, within), Some(log)) {
             Ok(_) => Ok(()),
             Err(e) if is_not_found(&e) => Ok(()),
             Err(e) => Err(e),

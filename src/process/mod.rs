@@ -11,11 +11,13 @@
 //! - `output`: capped output buffers and the [`OutputBudget`] shared between calls;
 //! - `tree`: liveness (a zombie is not alive), `/proc` stat, killing a process tree;
 //! - `pidfile`: pid files and killing the process one names;
+//! - `spawn`: spawning with a umask and mount namespace without forking the daemon;
 
 mod output;
 mod pidfile;
 mod run;
 mod slots;
+mod spawn;
 mod tree;
 
 pub use output::OutputBudget;
@@ -23,9 +25,10 @@ pub use pidfile::{kill_pid_file, read_pid};
 pub use run::{
     exit_code, run, run_with, run_with_stdio, wait_until, Cancel, Limits, Output, RunError,
 };
-pub use sandboxd_shim_common::{fd::pidfd_open, runtime::private_umask};
-/// The pidfds and the umask the monitor uses too, from the contract they share.
+/// The pidfds the monitor uses too, from the contract they share.
+pub use sandboxd_shim_common::fd::pidfd_open;
 pub(crate) use slots::ExecSlots;
+pub use spawn::{spawn, Within};
 pub use tree::{
     alive, group_members, kill_tree, proc_stat, start_time_nanos, wait_gone, wait_reaped, ProcStat,
 };

@@ -13,6 +13,7 @@ use sandboxd_shim_common::fd::{pidfd_open, set_nonblocking};
 
 use super::kill_tree;
 use super::output::{OutputBudget, Sink};
+use super::spawn::Within;
 
 /// A process's exit as a shell reports it: its code, or 128 + the signal that killed it.
 pub fn exit_code(s: &ExitStatus) -> i32 {
@@ -75,6 +76,9 @@ pub struct Limits {
     /// Raised when whoever waits for the result has gone: the child is killed as at its
     /// time limit, and the run ends with [`RunError::Cancelled`].
     pub cancel: Option<Arc<Cancel>>,
+    /// Spawned by the spawner thread with this umask and mount namespace (and no signal
+    /// blocked); `None`: by the calling thread, as it is.
+    pub within: Option<Within>,
 }
 
 /// A flag one thread raises to end another's run early (an RPC whose client went away): an
@@ -125,6 +129,15 @@ impl Limits {
             drain: Duration::from_millis(500),
             budget: None,
             cancel: None,
+            within: None,
+        }
+    }
+
+    /// These limits, spawned `within`.
+    pub fn within(self, within: Within) -> Self {
+        Limits {
+            within: Some(within),
+            ..self
         }
     }
 }
@@ -150,12 +163,13 @@ pub fn run_with(
 }
 
 /// Runs `cmd` with the given stdio (`None`: /dev/null) in its own process group, killing
-/// the group past `limit`. For a command whose output is not ours to read (a runtime's
-/// `start` that hands the container its stdio).
+/// the group past `limit`; spawned `within` as [`Limits::within`] says. For a command whose
+/// output is not ours to read (a runtime's `start` that hands the container its stdio).
 pub fn run_with_stdio(
     mut cmd: Command,
     [stdin, stdout, stderr]: [Option<OwnedFd>; 3],
     limit: Duration,
+    within: Option<&Within>,
 ) -> Result<ExitStatus, RunError> {
     let program = cmd.get_program().to_string_lossy().into_owned();
     let io = |f: Option<OwnedFd>| f.map_or_else(Stdio::null, Stdio::from);
@@ -163,11 +177,10 @@ pub fn run_with_stdio(
         .stdout(io(stdout))
         .stderr(io(stderr))
         .process_group(0);
-    let mut child = cmd.spawn().map_err(|source| RunError::Spawn {
+    let mut child = spawn_within(cmd, within).map_err(|source| RunError::Spawn {
         program: program.clone(),
         source,
-    })?;
-    drop(cmd); // our copies of the stdio
+    })?; // our copies of the stdio are gone with `cmd`
     let pid = child.id() as i32;
     match wait_until(&mut child, Instant::now() + limit) {
         Ok(Some(status)) => Ok(status),
@@ -181,6 +194,13 @@ pub fn run_with_stdio(
             })
         }
         Err(source) => Err(RunError::Wait { program, source }),
+    }
+}
+
+fn spawn_within(mut cmd: Command, within: Option<&Within>) -> std::io::Result<Child> {
+    match within {
+        Some(w) => super::spawn::spawn(cmd, w),
+        None => cmd.spawn(),
     }
 }
 
@@ -203,10 +223,11 @@ fn run_inner(
     .stdout(Stdio::piped())
     .stderr(Stdio::piped())
     .process_group(0);
-    let mut child = cmd.spawn().map_err(|source| RunError::Spawn {
-        program: program.clone(),
-        source,
-    })?;
+    let mut child =
+        spawn_within(cmd, limits.within.as_ref()).map_err(|source| RunError::Spawn {
+            program: program.clone(),
+            source,
+        })?;
     let pid = child.id() as i32;
     let mut input = owned(child.stdin.take());
     if let Some(f) = &input {

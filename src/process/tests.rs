@@ -75,6 +75,7 @@ fn output_is_capped_and_a_lingering_grandchild_does_not_hold_us() {
         drain: Duration::from_millis(200),
         cancel: None,
         budget: None,
+        within: None,
     };
     let t = Instant::now();
     let out = run_with(c, b"", &limits, |_| {}).unwrap();
@@ -96,6 +97,7 @@ fn a_shared_budget_bounds_concurrent_calls() {
         drain: Duration::from_millis(200),
         cancel: None,
         budget: Some(budget.clone()),
+        within: None,
     };
     let outs: Vec<Output> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..3)

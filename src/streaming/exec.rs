@@ -156,14 +156,9 @@ pub async fn exec(
         },
         None => None,
     };
-    let mut c = tokio::process::Command::from(runtime.exec_command(
-        id,
-        dir,
-        &pid_file,
-        console.as_deref(),
-        cmd,
-        false,
-    ));
+    // Open-ended: in the daemon's mount namespace, spawned as it is.
+    let (c, _) = runtime.exec_command(id, dir, &pid_file, console.as_deref(), cmd, false);
+    let mut c = tokio::process::Command::from(c);
     c.stdin(if streams.stdin.is_some() && !tty {
         Stdio::piped()
     } else {

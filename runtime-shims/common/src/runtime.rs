@@ -72,10 +72,20 @@ fn message(v: &serde_json::Value) -> Option<String> {
 }
 
 /// `RUNTIME [runtime args] --root DIR`, the start of every runtime call: the handler's own
-/// flags come before `--root` and the subcommand.
+/// flags come before `--root` and the subcommand. Its child inherits the spawning thread's
+/// signal mask: the daemon spawns runtime calls from a thread that blocks none (so std can
+/// `posix_spawn` them instead of forking the daemon); the monitor, which blocks signals, uses
+/// [`command_unblocked`].
 pub fn command(runtime: &Path, runtime_args: &[String], root: &Path) -> Command {
     let mut c = Command::new(runtime);
     c.args(runtime_args).arg("--root").arg(root);
+    c
+}
+
+/// [`command`] whose child starts with no signal blocked whatever its parent blocks (a
+/// `pre_exec`, so the spawn forks: cheap in a process as small as the monitor).
+pub fn command_unblocked(runtime: &Path, runtime_args: &[String], root: &Path) -> Command {
+    let mut c = command(runtime, runtime_args, root);
     unblock_signals(&mut c);
     c
 }

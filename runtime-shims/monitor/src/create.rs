@@ -61,7 +61,7 @@ pub fn create(args: &MonitorArgs) -> Result<Created, String> {
         .append(true)
         .mode(0o600)
         .open(&args.runtime_log);
-    let mut cmd = runtime::command(&args.runtime, &args.runtime_args, &args.runtime_root);
+    let mut cmd = runtime::command_unblocked(&args.runtime, &args.runtime_args, &args.runtime_root);
     cmd.arg("--log")
         .arg(&args.runtime_log)
         .arg("--log-format")

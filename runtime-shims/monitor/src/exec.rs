@@ -5,7 +5,7 @@
 
 use sandboxd_shim_common::cli::ExecArgs;
 use sandboxd_shim_common::files::read_pid;
-use sandboxd_shim_common::runtime::{command, private_umask};
+use sandboxd_shim_common::runtime::{command_unblocked, private_umask};
 
 use crate::die;
 use crate::reaper::decode;
@@ -15,7 +15,7 @@ pub fn run(argv: Vec<String>) -> ! {
     let args = ExecArgs::parse(argv).unwrap_or_else(|e| die(&e));
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    let mut c = command(&args.runtime, &args.runtime_args, &args.runtime_root);
+    let mut c = command_unblocked(&args.runtime, &args.runtime_args, &args.runtime_root);
     // The files an exec makes (its pid file) are created root's alone (0600); the exec'd
     // process gets the umask its container's spec names.
     private_umask(&mut c);

@@ -181,7 +181,7 @@ pub fn is_our_child(pid: i32) -> bool {
 
 /// `RUNTIME [runtime args] --root DIR <op> ID`, stdin and stderr on /dev/null.
 fn runtime_op(args: &MonitorArgs, op: &str) -> Command {
-    let mut c = runtime::command(&args.runtime, &args.runtime_args, &args.runtime_root);
+    let mut c = runtime::command_unblocked(&args.runtime, &args.runtime_args, &args.runtime_root);
     c.arg(op)
         .arg(&args.id)
         .stdin(Stdio::null())

@@ -1,4 +1,5 @@
 use super::*;
+use std::process::Command;
 
 /// A scratch dir with mounts of its own, all lazily unmounted and removed on drop.
 struct Scratch(PathBuf);
@@ -46,30 +47,30 @@ fn host_mountinfo() -> String {
     std::fs::read_to_string("/proc/self/mountinfo").unwrap()
 }
 
-/// Runs `sh -c script` in the namespace `enter` sets up; its stdout.
-fn sh_in(script: &str, enter: impl FnOnce(&mut Command)) -> String {
+fn in_ns(ns: Arc<OwnedFd>) -> crate::process::Within {
+    crate::process::Within {
+        umask: None,
+        mount_ns: Some(ns),
+    }
+}
+
+/// `script`'s output, spawned as the runtime's calls are (by the daemon's spawner thread).
+fn sh_within(script: &str, within: &crate::process::Within) -> String {
     let mut c = Command::new("/bin/sh");
-    c.arg("-c").arg(script);
-    enter(&mut c);
-    let out = c.output().unwrap();
+    c.arg("-c")
+        .arg(script)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = crate::process::spawn(c, within)
+        .unwrap()
+        .wait_with_output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
-}
-
-fn setns_to(cmd: &mut Command, fd: std::os::fd::RawFd) {
-    // SAFETY: setns is async-signal-safe; the caller keeps `fd` open until the spawn.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWNS) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
 }
 
 #[test]
@@ -100,7 +101,12 @@ fn the_runtime_sees_no_other_pods_mounts_and_create_gets_its_bundles_paths() {
     assert!(ns.wait_ready(Duration::from_secs(10)));
 
     // Calls on existing containers: none of the state root's or pin dir's mounts.
-    let seen = s.ours(&sh_in("cat /proc/self/mountinfo", |c| ns.enter(c)));
+    let within = crate::process::Within {
+        umask: None,
+        mount_ns: ns.current(),
+    };
+    assert!(within.mount_ns.is_some());
+    let seen = s.ours(&sh_within("cat /proc/self/mountinfo", &within));
     assert_eq!(seen, Vec::<PathBuf>::new());
     // Nothing done there reached the host.
     assert_eq!(s.ours(&host_mountinfo()).len(), before);
@@ -132,7 +138,7 @@ fn the_runtime_sees_no_other_pods_mounts_and_create_gets_its_bundles_paths() {
         root.join("sandboxes/p/hosts").display(),
         pin.display()
     );
-    let out = sh_in(&script, |c| setns_to(c, fd.as_raw_fd()));
+    let out = sh_within(&script, &in_ns(Arc::new(fd)));
     let mut seen = s.ours(&out);
     seen.sort();
     let mut want = vec![
@@ -197,10 +203,10 @@ fn an_old_template_is_renewed_so_it_holds_no_host_mount_for_long() {
     assert!(ns.wait_ready(Duration::from_secs(10)));
     let first = ns.template().unwrap();
     assert!(!s
-        .ours(&sh_in("cat /proc/self/mountinfo", |c| setns_to(
-            c,
-            first.ns.as_raw_fd()
-        )))
+        .ours(&sh_within(
+            "cat /proc/self/mountinfo",
+            &in_ns(first.ns.clone())
+        ))
         .is_empty());
     umount2(&gone, MntFlags::MNT_DETACH).unwrap();
     let unmounted = Instant::now();
@@ -213,9 +219,10 @@ fn an_old_template_is_renewed_so_it_holds_no_host_mount_for_long() {
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    let seen = s.ours(&sh_in("cat /proc/self/mountinfo", |c| {
-        setns_to(c, renewed.ns.as_raw_fd())
-    }));
+    let seen = s.ours(&sh_within(
+        "cat /proc/self/mountinfo",
+        &in_ns(renewed.ns.clone()),
+    ));
     assert_eq!(seen, Vec::<PathBuf>::new());
     drop(first);
 }
