@@ -458,6 +458,88 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// Rounds of the alternating comparison.
+const ROUNDS: usize = 4;
+
+/// One configuration's alternating rounds: ms per lifecycle of the floor, the library and
+/// gRPC in each round.
+struct Alternated {
+    infra: bool,
+    conc: usize,
+    pods: usize,
+    rounds: Vec<[f64; 3]>,
+}
+
+/// The floor, sandboxd through the library and through the CRI socket, one after the other,
+/// [`ROUNDS`] times: what the machine does meanwhile (its speed moves by a fifth within
+/// minutes here, and the kernel tears down the last round's namespaces in the background)
+/// falls on all three alike.
+fn alternate(
+    rt: &Runtime,
+    g: &Grpc,
+    setup: &floor::Setup,
+    pods: usize,
+    conc: usize,
+    infra: bool,
+) -> Alternated {
+    let pods = (pods / 2).max(conc * 4);
+    let per_pod = |d: Duration| d.as_secs_f64() * 1000.0 / pods as f64;
+    let rounds = (0..ROUNDS)
+        .map(|_| {
+            let floor = floor::measure(setup, pods, conc).wall;
+            let (_, library, _, _) = run_config(rt, pods, conc, infra);
+            let (_, grpc) = g.run_config(pods, conc, infra);
+            [per_pod(floor), per_pod(library), per_pod(grpc)]
+        })
+        .collect();
+    Alternated {
+        infra,
+        conc,
+        pods,
+        rounds,
+    }
+}
+
+fn print_alternated(all: &[Alternated]) {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    };
+    let ratios = |r: &[[f64; 3]], who: usize| -> Vec<f64> {
+        r.iter().map(|x| (x[who] / x[0] - 1.0) * 100.0).collect()
+    };
+    let spread = |v: Vec<f64>| {
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
+        format!("{:+.0}% ({lo:+.0}…{hi:+.0})", median(v.clone()))
+    };
+    println!();
+    println!("Alternating: {ROUNDS} rounds, each the floor, then sandboxd through the library, then through the CRI socket, one right after the other, so that the machine's drift within the run falls on all three alike. Each round's ratio is to that round's floor; the table gives the median of the rounds (min…max). These are the figures to hold against the 10 % goal:");
+    println!();
+    println!("| infra process | concurrency | lifecycles a round | floor ms/pod (median) | library ms/pod | gRPC ms/pod | library vs floor | gRPC vs floor |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for a in all {
+        let col = |who: usize| median(a.rounds.iter().map(|x| x[who]).collect());
+        println!(
+            "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} |",
+            if a.infra { "yes" } else { "no" },
+            a.conc,
+            a.pods,
+            col(0),
+            col(1),
+            col(2),
+            spread(ratios(&a.rounds, 1)),
+            spread(ratios(&a.rounds, 2)),
+        );
+    }
+}
+
 fn main() {
     let mut pods = 60usize;
     let (mut only_infra, mut only_conc) = (None, None);
@@ -551,6 +633,14 @@ fn main() {
         serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
     let list = rt.network().expect("network");
     let floor_dir = base.join("floor");
+    let setup = |infra: bool| floor::Setup {
+        list: &list,
+        bin_dirs: &rt.config().cni_bin_dirs,
+        infra_spec: infra.then_some(&infra_spec),
+        work: &floor_dir,
+        cgroup_parent: if systemd { FLOOR_SLICE } else { CGROUP_PARENT },
+        systemd,
+    };
     let mut floors = Vec::new();
 
     println!("| pods | infra process | concurrency | sandboxes/s | run p50/p90/p99 ms | status p50 ms | stop p50/p90/p99 ms | remove p50/p90/p99 ms | lifecycle ms (wall/pod) | child-process share | own code p50 ms (run/status/stop/remove) |");
@@ -566,15 +656,7 @@ fn main() {
             }
             // The floor at concurrency 1 and 8, each run right before sandboxd's row.
             if FLOOR_CONC.contains(&conc) {
-                let setup = floor::Setup {
-                    list: &list,
-                    bin_dirs: &rt.config().cni_bin_dirs,
-                    infra_spec: infra.then_some(&infra_spec),
-                    work: &floor_dir,
-                    cgroup_parent: if systemd { FLOOR_SLICE } else { CGROUP_PARENT },
-                    systemd,
-                };
-                floors.push((infra, conc, floor::measure(&setup, pods, conc)));
+                floors.push((infra, conc, floor::measure(&setup(infra), pods, conc)));
             }
             let (s, wall, share, steps) = run_config(&rt, pods, conc, infra);
             if FLOOR_CONC.contains(&conc) {
@@ -633,6 +715,15 @@ fn main() {
             }
         }
     }
+    // The CRI socket, and the alternating rounds (the floor reuses the warm pod's bundle).
+    let grpc = (!floors.is_empty()).then(|| Grpc::start(&rt, &base));
+    let rounds: Vec<Alternated> = match &grpc {
+        Some(g) => floors
+            .iter()
+            .map(|(infra, conc, _)| alternate(&rt, g, &setup(*infra), pods, *conc, *infra))
+            .collect(),
+        None => Vec::new(),
+    };
     rt.remove_pod_sandbox(&id).unwrap();
     if !floors.is_empty() {
         println!();
@@ -657,8 +748,7 @@ fn main() {
     }
     // The same lifecycles through the CRI socket, at the floor's concurrencies, beside the
     // floor rows measured above.
-    if !floors.is_empty() {
-        let g = Grpc::start(&rt, &base);
+    if let Some(g) = &grpc {
         println!();
         println!("Through the CRI socket (the daemon's gRPC server in this process on its own socket, a tonic client; run after the rows above), against the same floor rows:");
         println!();
@@ -735,6 +825,9 @@ fn main() {
             println!("| {infra} | {conc} | floor | {} |", row(&floor_sum));
             println!("| {infra} | {conc} | sandboxd | {} |", row(ours));
         }
+    }
+    if !rounds.is_empty() {
+        print_alternated(&rounds);
     }
     println!();
     println!("Idle RSS: monitor {monitor_rss} KiB, pause {pause_rss} KiB (VmRSS, one infra pod).");
