@@ -335,8 +335,8 @@ impl Grpc {
         }
     }
 
-    fn client(&self) -> RuntimeServiceClient<tonic::transport::Channel> {
-        let path = self.socket.clone();
+    fn client(&self, socket: &std::path::Path) -> RuntimeServiceClient<tonic::transport::Channel> {
+        let path = socket.to_path_buf();
         let ch = self.tokio.block_on(
             tonic::transport::Endpoint::try_from("http://[::]:50051")
                 .unwrap()
@@ -354,13 +354,24 @@ impl Grpc {
 
     /// `pods` lifecycles over gRPC, `conc` at a time: each phase's samples and the wall.
     fn run_config(&self, pods: usize, conc: usize, infra: bool) -> ([Vec<Duration>; 4], Duration) {
+        self.run_config_on(&self.socket, pods, conc, infra)
+    }
+
+    /// [`run_config`](Self::run_config) against the CRI server on `socket` (a peer runtime's).
+    fn run_config_on(
+        &self,
+        socket: &std::path::Path,
+        pods: usize,
+        conc: usize,
+        infra: bool,
+    ) -> ([Vec<Duration>; 4], Duration) {
         let tag = format!(
             "g{}-{conc}-{}",
             if infra { "i" } else { "p" },
             std::process::id()
         );
         let all = Mutex::new(<[Vec<Duration>; 4]>::default());
-        let clients: Vec<_> = (0..conc).map(|_| self.client()).collect();
+        let clients: Vec<_> = (0..conc).map(|_| self.client(socket)).collect();
         let t = Instant::now();
         self.tokio.block_on(async {
             let mut workers = Vec::new();
@@ -461,13 +472,19 @@ impl Drop for KillOnDrop {
 /// Rounds of the alternating comparison.
 const ROUNDS: usize = 4;
 
-/// One configuration's alternating rounds: ms per lifecycle of the floor, the library and
-/// gRPC in each round.
+/// One configuration's alternating rounds: ms per lifecycle of the floor, the library, gRPC
+/// and the peer runtime (NaN without one) in each round.
 struct Alternated {
     infra: bool,
     conc: usize,
     pods: usize,
-    rounds: Vec<[f64; 3]>,
+    rounds: Vec<[f64; 4]>,
+}
+
+/// A peer runtime's CRI socket (containerd's, from `scripts/bench-peers floor`) and its name.
+struct Peer {
+    socket: PathBuf,
+    name: String,
 }
 
 /// The floor, sandboxd through the library and through the CRI socket, one after the other,
@@ -477,6 +494,7 @@ struct Alternated {
 fn alternate(
     rt: &Runtime,
     g: &Grpc,
+    peer: Option<&Peer>,
     setup: &floor::Setup,
     pods: usize,
     conc: usize,
@@ -489,7 +507,10 @@ fn alternate(
             let floor = floor::measure(setup, pods, conc).wall;
             let (_, library, _, _) = run_config(rt, pods, conc, infra);
             let (_, grpc) = g.run_config(pods, conc, infra);
-            [per_pod(floor), per_pod(library), per_pod(grpc)]
+            let peer = peer.map_or(f64::NAN, |p| {
+                per_pod(g.run_config_on(&p.socket, pods, conc, infra).1)
+            });
+            [per_pod(floor), per_pod(library), per_pod(grpc), peer]
         })
         .collect();
     Alternated {
@@ -500,7 +521,7 @@ fn alternate(
     }
 }
 
-fn print_alternated(all: &[Alternated]) {
+fn print_alternated(all: &[Alternated], peer: Option<&Peer>) {
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         let n = v.len();
@@ -510,7 +531,7 @@ fn print_alternated(all: &[Alternated]) {
             (v[n / 2 - 1] + v[n / 2]) / 2.0
         }
     };
-    let ratios = |r: &[[f64; 3]], who: usize| -> Vec<f64> {
+    let ratios = |r: &[[f64; 4]], who: usize| -> Vec<f64> {
         r.iter().map(|x| (x[who] / x[0] - 1.0) * 100.0).collect()
     };
     let spread = |v: Vec<f64>| {
@@ -520,14 +541,26 @@ fn print_alternated(all: &[Alternated]) {
         format!("{:+.0}% ({lo:+.0}…{hi:+.0})", median(v.clone()))
     };
     println!();
-    println!("Alternating: {ROUNDS} rounds, each the floor, then sandboxd through the library, then through the CRI socket, one right after the other, so that the machine's drift within the run falls on all three alike. Each round's ratio is to that round's floor; the table gives the median of the rounds (min…max). These are the figures to hold against the 10 % goal:");
+    let (peer_cols, peer_dashes, peer_says) = match peer {
+        Some(p) => (
+            format!(" {0} ms/pod | {0} vs floor |", p.name),
+            "---|---|",
+            format!(", then {} through its CRI socket with the same client (it runs a pause container in every pod, so its fair floor is the infra row's)", p.name),
+        ),
+        None => (String::new(), "", String::new()),
+    };
+    println!("Alternating: {ROUNDS} rounds, each the floor, then sandboxd through the library, then through the CRI socket{peer_says}, one right after the other, so that the machine's drift within the run falls on all alike. Each round's ratio is to that round's floor; the table gives the median of the rounds (min…max). These are the figures to hold against the 10 % goal:");
     println!();
-    println!("| infra process | concurrency | lifecycles a round | floor ms/pod (median) | library ms/pod | gRPC ms/pod | library vs floor | gRPC vs floor |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| infra process | concurrency | lifecycles a round | floor ms/pod (median) | library ms/pod | gRPC ms/pod | library vs floor | gRPC vs floor |{peer_cols}");
+    println!("|---|---|---|---|---|---|---|---|{peer_dashes}");
     for a in all {
         let col = |who: usize| median(a.rounds.iter().map(|x| x[who]).collect());
+        let peer = match peer {
+            Some(_) => format!(" {:.1} | {} |", col(3), spread(ratios(&a.rounds, 3))),
+            None => String::new(),
+        };
         println!(
-            "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} |",
+            "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} |{peer}",
             if a.infra { "yes" } else { "no" },
             a.conc,
             a.pods,
@@ -545,6 +578,7 @@ fn main() {
     let (mut only_infra, mut only_conc) = (None, None);
     let mut driver = sandboxd::config::CgroupDriver::Auto;
     let mut nri = "idle".to_string();
+    let (mut peer_socket, mut peer_name, mut alternating_only) = (None, None, false);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -559,6 +593,11 @@ fn main() {
                 }
             }
             "--nri" => nri = args.next().expect("--nri off|idle|noop"),
+            // A peer runtime's CRI socket, added to the alternating rounds.
+            "--peer" => peer_socket = args.next().map(PathBuf::from),
+            "--peer-name" => peer_name = args.next(),
+            // Only the alternating rounds (scripts/bench-peers floor).
+            "--alternating-only" => alternating_only = true,
             _ => {}
         }
     }
@@ -642,40 +681,52 @@ fn main() {
         systemd,
     };
     let mut floors = Vec::new();
+    let peer = peer_socket.map(|socket| Peer {
+        socket,
+        name: peer_name.unwrap_or_else(|| "containerd".into()),
+    });
+    // The configurations of the alternating rounds: the floor's concurrencies.
+    let alternated: Vec<(bool, usize)> = [false, true]
+        .into_iter()
+        .filter(|i| only_infra.is_none_or(|o| o == *i))
+        .flat_map(|i| FLOOR_CONC.iter().map(move |c| (i, *c)))
+        .filter(|(_, c)| only_conc.is_none_or(|o| o == *c))
+        .collect();
 
-    println!("| pods | infra process | concurrency | sandboxes/s | run p50/p90/p99 ms | status p50 ms | stop p50/p90/p99 ms | remove p50/p90/p99 ms | lifecycle ms (wall/pod) | child-process share | own code p50 ms (run/status/stop/remove) |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let (mut ours_at_floor_conc, mut breakdowns, mut totals) = (Vec::new(), Vec::new(), Vec::new());
-    for infra in [false, true] {
-        if only_infra.is_some_and(|o| o != infra) {
-            continue;
-        }
-        for conc in [1usize, 4, 8, 16] {
-            if only_conc.is_some_and(|c| c != conc) {
+    if !alternating_only {
+        println!("| pods | infra process | concurrency | sandboxes/s | run p50/p90/p99 ms | status p50 ms | stop p50/p90/p99 ms | remove p50/p90/p99 ms | lifecycle ms (wall/pod) | child-process share | own code p50 ms (run/status/stop/remove) |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+        for infra in [false, true] {
+            if only_infra.is_some_and(|o| o != infra) {
                 continue;
             }
-            // The floor at concurrency 1 and 8, each run right before sandboxd's row.
-            if FLOOR_CONC.contains(&conc) {
-                floors.push((infra, conc, floor::measure(&setup(infra), pods, conc)));
-            }
-            let (s, wall, share, steps) = run_config(&rt, pods, conc, infra);
-            if FLOOR_CONC.contains(&conc) {
-                ours_at_floor_conc.push(wall);
-                totals.push((infra, conc, steps));
-            }
-            // Child time is a process-wide counter: per-phase own time is exact only when
-            // one lifecycle runs at a time.
-            let own = if conc == 1 {
-                breakdowns.push((infra, s.clone()));
-                s.iter()
-                    .map(|p| format!("{:.2}", pct(&p.own, 50.0)))
-                    .collect::<Vec<_>>()
-                    .join("/")
-            } else {
-                "—".to_string()
-            };
-            let [run, status, stop, remove] = &s;
-            println!(
+            for conc in [1usize, 4, 8, 16] {
+                if only_conc.is_some_and(|c| c != conc) {
+                    continue;
+                }
+                // The floor at concurrency 1 and 8, each run right before sandboxd's row.
+                if FLOOR_CONC.contains(&conc) {
+                    floors.push((infra, conc, floor::measure(&setup(infra), pods, conc)));
+                }
+                let (s, wall, share, steps) = run_config(&rt, pods, conc, infra);
+                if FLOOR_CONC.contains(&conc) {
+                    ours_at_floor_conc.push(wall);
+                    totals.push((infra, conc, steps));
+                }
+                // Child time is a process-wide counter: per-phase own time is exact only when
+                // one lifecycle runs at a time.
+                let own = if conc == 1 {
+                    breakdowns.push((infra, s.clone()));
+                    s.iter()
+                        .map(|p| format!("{:.2}", pct(&p.own, 50.0)))
+                        .collect::<Vec<_>>()
+                        .join("/")
+                } else {
+                    "—".to_string()
+                };
+                let [run, status, stop, remove] = &s;
+                println!(
                 "| {pods} | {} | {conc} | {:.1} | {:.1}/{:.1}/{:.1} | {:.2} | {:.1}/{:.1}/{:.1} | {:.1}/{:.1}/{:.1} | {:.1} | {:.0}% | {} |",
                 if infra { "yes" } else { "no" },
                 pods as f64 / wall.as_secs_f64(),
@@ -687,6 +738,7 @@ fn main() {
                 share * 100.0,
                 own,
             );
+            }
         }
     }
     if !breakdowns.is_empty() {
@@ -716,11 +768,13 @@ fn main() {
         }
     }
     // The CRI socket, and the alternating rounds (the floor reuses the warm pod's bundle).
-    let grpc = (!floors.is_empty()).then(|| Grpc::start(&rt, &base));
+    let grpc = (!alternated.is_empty()).then(|| Grpc::start(&rt, &base));
     let rounds: Vec<Alternated> = match &grpc {
-        Some(g) => floors
+        Some(g) => alternated
             .iter()
-            .map(|(infra, conc, _)| alternate(&rt, g, &setup(*infra), pods, *conc, *infra))
+            .map(|&(infra, conc)| {
+                alternate(&rt, g, peer.as_ref(), &setup(infra), pods, conc, infra)
+            })
             .collect(),
         None => Vec::new(),
     };
@@ -748,7 +802,7 @@ fn main() {
     }
     // The same lifecycles through the CRI socket, at the floor's concurrencies, beside the
     // floor rows measured above.
-    if let Some(g) = &grpc {
+    if let (Some(g), false) = (&grpc, floors.is_empty()) {
         println!();
         println!("Through the CRI socket (the daemon's gRPC server in this process on its own socket, a tonic client; run after the rows above), against the same floor rows:");
         println!();
@@ -827,10 +881,14 @@ fn main() {
         }
     }
     if !rounds.is_empty() {
-        print_alternated(&rounds);
+        print_alternated(&rounds, peer.as_ref());
     }
-    println!();
-    println!("Idle RSS: monitor {monitor_rss} KiB, pause {pause_rss} KiB (VmRSS, one infra pod).");
+    if !alternating_only {
+        println!();
+        println!(
+            "Idle RSS: monitor {monitor_rss} KiB, pause {pause_rss} KiB (VmRSS, one infra pod)."
+        );
+    }
     assert!(
         rt.list_pod_sandboxes(&SandboxFilter::default()).is_empty(),
         "bench leaked sandboxes"
