@@ -138,7 +138,8 @@ fn walk<W: io::Write>(
         } else if kind == SFlag::S_IFLNK {
             let target = match nix::fcntl::readlinkat(dir, name.as_c_str()) {
                 Ok(t) => t,
-                Err(nix::Error::ENOENT) => continue,
+                // Gone, or no longer a link (EINVAL: the tenant put a dir or file there).
+                Err(nix::Error::ENOENT | nix::Error::EINVAL) => continue,
                 Err(e) => return Err(e.into()),
             };
             let mut h = header_of(&st, tar::EntryType::Symlink);
