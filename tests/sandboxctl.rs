@@ -399,17 +399,7 @@ fn sandboxctl_pull_shows_layer_progress() {
     use common::fake_registry::{Answer, FakeRegistry};
     let env = Env::new("e2eprog");
     // Two incompressible 1 MiB layers, sent 64 KiB every 60 ms (~1 s each), and busybox.
-    let noise = |seed: u32| -> Vec<u8> {
-        let mut x = seed.wrapping_mul(2654435761) | 1;
-        (0..1 << 20)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                x as u8
-            })
-            .collect()
-    };
+    let noise = |seed: u32| busybox::noise(1 << 20, u64::from(seed).wrapping_mul(2654435761));
     let gz = |tar: &[u8]| {
         let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         std::io::Write::write_all(&mut e, tar).unwrap();

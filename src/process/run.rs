@@ -132,14 +132,6 @@ impl Limits {
             within: None,
         }
     }
-
-    /// These limits, spawned `within`.
-    pub fn within(self, within: Within) -> Self {
-        Limits {
-            within: Some(within),
-            ..self
-        }
-    }
 }
 
 /// Runs `cmd` to completion, feeding `stdin` and collecting stdout and stderr, killing its

@@ -232,6 +232,8 @@ mod tests {
     /// daemon's namespace, in its working directory).
     #[test]
     fn a_child_starts_where_it_is_told_and_the_next_one_at_home() {
+        // The spawner threads, not the forking fallback, are what is tested here.
+        assert!(spawner().is_some(), "no spawner thread could be set up");
         // A mount namespace of a process of the test's own.
         let mut holder = Command::new("unshare")
             .args(["-m", "--propagation", "slave", "sleep", "30"])
