@@ -538,7 +538,7 @@ fn print_alternated(all: &[Alternated], peer: Option<&Peer>) {
         let (lo, hi) = v
             .iter()
             .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
-        format!("{:+.0}% ({lo:+.0}…{hi:+.0})", median(v.clone()))
+        format!("{:+.0}% ({lo:+.0}…{hi:+.0})", median(v))
     };
     println!();
     let (peer_cols, peer_dashes, peer_says) = match peer {
