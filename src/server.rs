@@ -180,6 +180,22 @@ pub fn bind_socket(path: &Path) -> Result<std::os::unix::net::UnixListener> {
     Ok(l)
 }
 
+/// [`serve`] on `tokio`, returning when it does. The daemon calls this rather than polling
+/// the future itself: whoever polls it compiles the whole gRPC stack (tonic, hyper, h2, the
+/// generated services), and here that happens once, in this crate, not again in the binary
+/// at the end of a fresh build.
+#[inline(never)]
+pub fn serve_blocking(
+    tokio: &tokio::runtime::Runtime,
+    rt: Arc<Runtime>,
+    listener: std::os::unix::net::UnixListener,
+    socket: PathBuf,
+    metrics: Option<std::net::TcpListener>,
+    shutdown: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+) -> Result<()> {
+    tokio.block_on(serve(rt, listener, socket, metrics, shutdown))
+}
+
 /// Serves RuntimeService and ImageService on `listener` (and the daemon's metrics on
 /// `metrics`, if given) until `shutdown` resolves, then finishes in-flight requests and
 /// removes the socket file.

@@ -213,13 +213,14 @@ fn daemon(cfg: DaemonConfig) -> Result<(), sandboxd::Error> {
         .enable_all()
         .build()
         .map_err(|e| sandboxd::Error::Config(format!("tokio: {e}")))?;
-    tokio.block_on(server::serve(
+    server::serve_blocking(
+        &tokio,
         rt,
         listener,
         socket,
         metrics,
         Box::pin(shutdown_signal()),
-    ))?;
+    )?;
     tracing::info!("sandboxd stopped; pods keep running");
     Ok(())
 }
