@@ -479,6 +479,33 @@ struct Alternated {
     conc: usize,
     pods: usize,
     rounds: Vec<[f64; 4]>,
+    /// The host's busy CPU ms per lifecycle in the same rounds and order.
+    cpu: Vec<[f64; 4]>,
+}
+
+/// Busy CPU time of the whole host (all CPUs, every process and kernel thread: user, nice,
+/// system, irq, softirq; idle, iowait and steal left out) from /proc/stat. It charges
+/// each contestant what its lifecycles cost the machine, runc and the plugins included,
+/// whatever the machine's speed meanwhile.
+fn host_busy() -> Duration {
+    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
+    let line = stat.lines().next().expect("cpu line");
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let ticks = f[0] + f[1] + f[2] + f[5] + f[6];
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+/// Runs `f`, returning its result and the host's busy CPU time meanwhile.
+fn host_cpu<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let before = host_busy();
+    let out = f();
+    (out, host_busy().saturating_sub(before))
 }
 
 /// A peer runtime's CRI socket (containerd's, from `scripts/bench-peers floor`) and its name.
@@ -502,22 +529,32 @@ fn alternate(
 ) -> Alternated {
     let pods = (pods / 2).max(conc * 4);
     let per_pod = |d: Duration| d.as_secs_f64() * 1000.0 / pods as f64;
-    let rounds = (0..ROUNDS)
-        .map(|_| {
-            let floor = floor::measure(setup, pods, conc).wall;
-            let (_, library, _, _) = run_config(rt, pods, conc, infra);
-            let (_, grpc) = g.run_config(pods, conc, infra);
-            let peer = peer.map_or(f64::NAN, |p| {
-                per_pod(g.run_config_on(&p.socket, pods, conc, infra).1)
-            });
-            [per_pod(floor), per_pod(library), per_pod(grpc), peer]
-        })
-        .collect();
+    let (mut rounds, mut cpu) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        let (floor, floor_cpu) = host_cpu(|| floor::measure(setup, pods, conc).wall);
+        let ((_, library, _, _), library_cpu) = host_cpu(|| run_config(rt, pods, conc, infra));
+        let ((_, grpc), grpc_cpu) = host_cpu(|| g.run_config(pods, conc, infra));
+        let (peer, peer_cpu) = match peer {
+            Some(p) => {
+                let ((_, wall), c) = host_cpu(|| g.run_config_on(&p.socket, pods, conc, infra));
+                (per_pod(wall), per_pod(c))
+            }
+            None => (f64::NAN, f64::NAN),
+        };
+        rounds.push([per_pod(floor), per_pod(library), per_pod(grpc), peer]);
+        cpu.push([
+            per_pod(floor_cpu),
+            per_pod(library_cpu),
+            per_pod(grpc_cpu),
+            peer_cpu,
+        ]);
+    }
     Alternated {
         infra,
         conc,
         pods,
         rounds,
+        cpu,
     }
 }
 
@@ -571,6 +608,31 @@ fn print_alternated(all: &[Alternated], peer: Option<&Peer>) {
             spread(ratios(&a.rounds, 2)),
         );
     }
+    println!();
+    println!("The same rounds in the host's busy CPU time (/proc/stat: user, system, irq and softirq of every CPU, idle, iowait and steal left out), per lifecycle: what each costs the machine, runc, the plugins and the kernel's work included, whatever its speed meanwhile. *extra*: ms over the same round's floor (median):");
+    println!();
+    println!("| infra process | concurrency | floor CPU ms/pod | library CPU ms/pod | gRPC CPU ms/pod | library extra | gRPC extra | library vs floor | gRPC vs floor |{peer_cols}");
+    println!("|---|---|---|---|---|---|---|---|---|{peer_dashes}");
+    for a in all {
+        let col = |who: usize| median(a.cpu.iter().map(|x| x[who]).collect());
+        let extra = |who: usize| median(a.cpu.iter().map(|x| x[who] - x[0]).collect());
+        let peer = match peer {
+            Some(_) => format!(" {:.1} | {} |", col(3), spread(ratios(&a.cpu, 3))),
+            None => String::new(),
+        };
+        println!(
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:+.1} | {:+.1} | {} | {} |{peer}",
+            if a.infra { "yes" } else { "no" },
+            a.conc,
+            col(0),
+            col(1),
+            col(2),
+            extra(1),
+            extra(2),
+            spread(ratios(&a.cpu, 1)),
+            spread(ratios(&a.cpu, 2)),
+        );
+    }
 }
 
 fn main() {
@@ -579,6 +641,7 @@ fn main() {
     let mut driver = sandboxd::config::CgroupDriver::Auto;
     let mut nri = "idle".to_string();
     let (mut peer_socket, mut peer_name, mut alternating_only) = (None, None, false);
+    let mut dir: Option<PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -598,6 +661,8 @@ fn main() {
             "--peer-name" => peer_name = args.next(),
             // Only the alternating rounds (scripts/bench-peers floor).
             "--alternating-only" => alternating_only = true,
+            // Where the state roots go (default /tmp): to measure on another filesystem.
+            "--dir" => dir = args.next().map(PathBuf::from),
             _ => {}
         }
     }
@@ -607,7 +672,10 @@ fn main() {
             .with_writer(std::io::stderr)
             .init();
     }
-    let base = PathBuf::from(format!("/tmp/sandboxd-bench-{}", std::process::id()));
+    let base = match &dir {
+        Some(d) => d.join(format!("sandboxd-bench-{}", std::process::id())),
+        None => PathBuf::from(format!("/tmp/sandboxd-bench-{}", std::process::id())),
+    };
     std::fs::create_dir_all(&base).unwrap();
     let _guard = Guard { base: base.clone() };
     let ok = Command::new("iptables")
