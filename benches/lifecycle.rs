@@ -32,8 +32,22 @@ const CGROUP_PARENT: &str = "/sandboxd-bench";
 /// The concurrencies the floor is measured at, beside sandboxd's rows.
 const FLOOR_CONC: [usize; 2] = [1, 8];
 
-/// The floor's slice under the systemd driver (sandboxd's pods get `sandboxd-bench-pod<id>.slice`).
+/// The floor's slice under the systemd driver.
 const FLOOR_SLICE: &str = "sandboxd-bench.slice";
+
+/// The cgroup parent every pod names: the floor's. kubelet always names one, the pod's own
+/// cgroup that it made itself (and removes itself); sandboxd makes a pod level of its own
+/// only when a client names none. With the floor's parent, sandboxd and the floor each make
+/// one level per pod, the container's, as under kubelet.
+static POD_CGROUP_PARENT: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+fn pod_cgroup_parent() -> String {
+    POD_CGROUP_PARENT
+        .get()
+        .copied()
+        .unwrap_or(CGROUP_PARENT)
+        .into()
+}
 
 struct Guard {
     base: PathBuf,
@@ -127,12 +141,14 @@ fn pct(v: &[Duration], p: f64) -> f64 {
 }
 
 fn pod(i: usize, tag: &str, infra: bool) -> PodSandboxConfig {
-    PodSandboxConfig::new(
+    let mut p = PodSandboxConfig::new(
         &format!("bench-{tag}-{i}"),
         "bench",
         &format!("uid-{tag}-{i}"),
         infra,
-    )
+    );
+    p.cgroup_parent = pod_cgroup_parent();
+    p
 }
 
 /// CPU time (user + system) of this process, all threads; children not included.
@@ -400,6 +416,7 @@ impl Grpc {
                                     }),
                                     ..Default::default()
                                 }),
+                                cgroup_parent: pod_cgroup_parent(),
                                 ..Default::default()
                             }),
                             ..Default::default()
@@ -721,6 +738,7 @@ fn main() {
     });
     eprintln!("NRI: {nri}");
     let systemd = rt.cgroup_driver() == sandboxd::cgroups::Driver::Systemd;
+    let _ = POD_CGROUP_PARENT.set(if systemd { FLOOR_SLICE } else { CGROUP_PARENT });
     eprintln!("cgroup driver: {:?}", rt.cgroup_driver());
 
     // Warm up (bridge creation, page cache) and measure the idle shims.
