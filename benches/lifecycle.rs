@@ -32,8 +32,9 @@ const CGROUP_PARENT: &str = "/sandboxd-bench";
 /// The concurrencies the floor is measured at, beside sandboxd's rows.
 const FLOOR_CONC: [usize; 2] = [1, 8];
 
-/// The floor's slice under the systemd driver.
+/// The floor's slice under the systemd driver, and its whole path.
 const FLOOR_SLICE: &str = "sandboxd-bench.slice";
+const FLOOR_SLICE_PATH: &str = "/sandboxd-bench.slice";
 
 /// The cgroup parent every pod names: the floor's. kubelet always names one, the pod's own
 /// cgroup that it made itself (and removes itself); sandboxd makes a pod level of its own
@@ -738,7 +739,8 @@ fn main() {
     });
     eprintln!("NRI: {nri}");
     let systemd = rt.cgroup_driver() == sandboxd::cgroups::Driver::Systemd;
-    let _ = POD_CGROUP_PARENT.set(if systemd { FLOOR_SLICE } else { CGROUP_PARENT });
+    // Under the systemd driver kubelet names the slice by its whole path.
+    let _ = POD_CGROUP_PARENT.set(if systemd { FLOOR_SLICE_PATH } else { CGROUP_PARENT });
     eprintln!("cgroup driver: {:?}", rt.cgroup_driver());
 
     // Warm up (bridge creation, page cache) and measure the idle shims.
