@@ -629,7 +629,11 @@ fn print_alternated(all: &[Alternated], peer: Option<&Peer>) {
     println!();
     println!("The same rounds in the host's busy CPU time (/proc/stat: user, system, irq and softirq of every CPU, idle, iowait and steal left out), per lifecycle: what each costs the machine, runc, the plugins and the kernel's work included, whatever its speed meanwhile. *extra*: ms over the same round's floor (median):");
     println!();
-    println!("| infra process | concurrency | floor CPU ms/pod | library CPU ms/pod | gRPC CPU ms/pod | library extra | gRPC extra | library vs floor | gRPC vs floor |{peer_cols}");
+    let peer_cpu_cols = match peer {
+        Some(p) => format!(" {0} CPU ms/pod | {0} vs floor |", p.name),
+        None => String::new(),
+    };
+    println!("| infra process | concurrency | floor CPU ms/pod | library CPU ms/pod | gRPC CPU ms/pod | library extra | gRPC extra | library vs floor | gRPC vs floor |{peer_cpu_cols}");
     println!("|---|---|---|---|---|---|---|---|---|{peer_dashes}");
     for a in all {
         let col = |who: usize| median(a.cpu.iter().map(|x| x[who]).collect());
@@ -740,7 +744,11 @@ fn main() {
     eprintln!("NRI: {nri}");
     let systemd = rt.cgroup_driver() == sandboxd::cgroups::Driver::Systemd;
     // Under the systemd driver kubelet names the slice by its whole path.
-    let _ = POD_CGROUP_PARENT.set(if systemd { FLOOR_SLICE_PATH } else { CGROUP_PARENT });
+    let _ = POD_CGROUP_PARENT.set(if systemd {
+        FLOOR_SLICE_PATH
+    } else {
+        CGROUP_PARENT
+    });
     eprintln!("cgroup driver: {:?}", rt.cgroup_driver());
 
     // Warm up (bridge creation, page cache) and measure the idle shims.
