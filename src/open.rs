@@ -82,6 +82,11 @@ impl Runtime {
             state::files::private_dir_all(&p)?;
             state::files::restrict_dir(&p)?;
         }
+        // A dir per pod and per container, each with files made and deleted within its life:
+        // spread over the filesystem's block groups (see `spread_subdirs`).
+        for d in ["sandboxes", "containers"] {
+            state::files::spread_subdirs(&cfg.root.join(d));
+        }
         for d in cfg.namespace_dirs() {
             host.make_shared_dir(d)?;
         }
