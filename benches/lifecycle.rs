@@ -608,12 +608,18 @@ fn print_alternated(all: &[Alternated], peer: Option<&Peer>) {
     println!();
     println!("| infra process | concurrency | lifecycles a round | floor ms/pod (median) | library ms/pod | gRPC ms/pod | library vs floor | gRPC vs floor |{peer_cols}");
     println!("|---|---|---|---|---|---|---|---|{peer_dashes}");
+    // The peer's cells of a row: its median and its ratio to the floor.
+    let peer_cells = |r: &[[f64; 4]]| match peer {
+        Some(_) => format!(
+            " {:.1} | {} |",
+            median(r.iter().map(|x| x[3]).collect()),
+            spread(ratios(r, 3))
+        ),
+        None => String::new(),
+    };
     for a in all {
         let col = |who: usize| median(a.rounds.iter().map(|x| x[who]).collect());
-        let peer = match peer {
-            Some(_) => format!(" {:.1} | {} |", col(3), spread(ratios(&a.rounds, 3))),
-            None => String::new(),
-        };
+        let peer = peer_cells(&a.rounds);
         println!(
             "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} |{peer}",
             if a.infra { "yes" } else { "no" },
@@ -627,7 +633,7 @@ fn print_alternated(all: &[Alternated], peer: Option<&Peer>) {
         );
     }
     println!();
-    println!("The same rounds in the host's busy CPU time (/proc/stat: user, system, irq and softirq of every CPU, idle, iowait and steal left out), per lifecycle: what each costs the machine, runc, the plugins and the kernel's work included, whatever its speed meanwhile. *extra*: ms over the same round's floor (median):");
+    println!("The same rounds in the host's busy CPU time (/proc/stat: user, system, irq and softirq of every CPU, idle, iowait and steal left out), per lifecycle: what each costs the machine, runc, the plugins and the kernel's work included, whatever its speed meanwhile (through a CRI socket, the in-process client's work too). *extra*: ms over the same round's floor (median):");
     println!();
     let peer_cpu_cols = match peer {
         Some(p) => format!(" {0} CPU ms/pod | {0} vs floor |", p.name),
@@ -638,10 +644,7 @@ fn print_alternated(all: &[Alternated], peer: Option<&Peer>) {
     for a in all {
         let col = |who: usize| median(a.cpu.iter().map(|x| x[who]).collect());
         let extra = |who: usize| median(a.cpu.iter().map(|x| x[who] - x[0]).collect());
-        let peer = match peer {
-            Some(_) => format!(" {:.1} | {} |", col(3), spread(ratios(&a.cpu, 3))),
-            None => String::new(),
-        };
+        let peer = peer_cells(&a.cpu);
         println!(
             "| {} | {} | {:.1} | {:.1} | {:.1} | {:+.1} | {:+.1} | {} | {} |{peer}",
             if a.infra { "yes" } else { "no" },
