@@ -130,10 +130,10 @@ impl Runtime {
                         .chain(host_args)
                         .chain(h.runtime_args.iter().cloned())
                         .collect(),
-                    root: h
-                        .root
-                        .clone()
-                        .unwrap_or_else(|| cfg.root.join("runtime").join(name)),
+                    root: match &h.root {
+                        Some(root) => root.clone(),
+                        None => runtime_root(&cfg.root, name)?,
+                    },
                     monitor: monitor
                         .as_deref()
                         .map(absolute_if_relative)
@@ -234,6 +234,16 @@ fn check_root(root: &Path) -> Result<()> {
 
 /// The prefix of every namespace file a runtime on state root `root` creates
 /// (`sandboxd-<root tag>-`), for tools and tests that clean up after one instance.
+/// A handler's runtime root under the state root (`runtime/<name>`), made here rather than by
+/// the runtime's first call so that its per-container state dirs spread like the pods' own
+/// (`spread_subdirs`): runc makes and removes one in each create and delete.
+fn runtime_root(state_root: &Path, name: &str) -> Result<PathBuf> {
+    let root = state_root.join("runtime").join(name);
+    state::files::private_dir_all(&root)?;
+    state::files::spread_subdirs(&root);
+    Ok(root)
+}
+
 /// `p` made absolute against the current dir when it is a relative path with a dir in it (a
 /// bare name is looked up in PATH and stays as it is).
 fn absolute_if_relative(p: &Path) -> PathBuf {
