@@ -24,7 +24,7 @@ pub(crate) fn remove(rt: &Runtime, id: &str) -> Result<()> {
     {
         return Ok(()); // removed while we waited for the lock
     }
-    teardown(rt, &entry, false)?;
+    teardown(rt, &entry)?;
     unregister(rt, &entry);
     if rt.nri.active() {
         let snapshot = lock(&entry.record).clone();
@@ -36,18 +36,34 @@ pub(crate) fn remove(rt: &Runtime, id: &str) -> Result<()> {
     Ok(())
 }
 
-/// Stops, then removes every host resource the record names. Used by remove, by the
-/// rollback of a failed run and by restore of a half-created sandbox.
-pub(crate) fn teardown(rt: &Runtime, entry: &SandboxEntry, rollback: bool) -> Result<()> {
-    super::stop::stop_locked(rt, entry, rollback)?;
-    let rec = lock(&entry.record).clone();
+/// RemovePodSandbox's teardown: stops the pod, removes its containers, then every host
+/// resource the record names.
+fn teardown(rt: &Runtime, entry: &SandboxEntry) -> Result<()> {
+    super::stop::stop_locked(rt, entry)?;
+    let id = lock(&entry.record).id.clone();
     let mut errors = Vec::new();
-    for c in rt.containers_of(&rec.id) {
+    for c in rt.containers_of(&id) {
         let _op = lock(&c.op);
         if let Err(e) = crate::container::remove::remove_locked(rt, &c) {
             errors.push(e);
         }
     }
+    remove_pod_resources(rt, entry, errors)
+}
+
+/// Undoes a pod that never became ready (the rollback of a failed run, and restore of one
+/// whose creation was interrupted): it has no containers (see [`super::stop::stop_pod`]), so
+/// this stops and removes only what the pod itself holds.
+pub(crate) fn undo(rt: &Runtime, entry: &SandboxEntry) -> Result<()> {
+    super::stop::stop_pod(rt, entry, true)?;
+    remove_pod_resources(rt, entry, Vec::new())
+}
+
+/// Removes what a stopped pod holds on the host: its infra container from the runtime, then
+/// (unless that or `errors`, the failures of earlier steps, went wrong) its pod cgroup, CNI
+/// cache, user-namespace mount dir and record dir. Every step is tried; all errors return.
+fn remove_pod_resources(rt: &Runtime, entry: &SandboxEntry, mut errors: Vec<Error>) -> Result<()> {
+    let rec = lock(&entry.record).clone();
     if rec.infra.is_some() {
         super::infra::unwatch(rt, &rec.id);
         match rt.handler(&rec.runtime_handler) {

@@ -64,7 +64,7 @@ fn restore_one(rt: &Runtime, mut rec: SandboxRecord) {
     match state {
         SandboxState::Creating => {
             tracing::info!(sandbox_id = %id, "rolling back a sandbox whose creation was interrupted");
-            match super::remove::teardown(rt, &entry, true) {
+            match super::remove::undo(rt, &entry) {
                 Ok(()) => super::remove::unregister(rt, &entry),
                 Err(e) => {
                     tracing::warn!(sandbox_id = %id, error = %e, "rollback incomplete; left NotReady for Stop/Remove")

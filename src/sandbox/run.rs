@@ -64,7 +64,7 @@ pub(crate) fn run(rt: &Runtime, config: &PodSandboxConfig) -> Result<String> {
         }
         Err(err) => {
             tracing::warn!(sandbox_id = %id, error = %err, "pod sandbox creation failed; rolling back");
-            match super::remove::teardown(rt, &entry, true) {
+            match super::remove::undo(rt, &entry) {
                 Ok(()) => {
                     super::remove::unregister(rt, &entry);
                     Err(err)

@@ -18,17 +18,33 @@ pub(crate) fn stop(rt: &Runtime, id: &str) -> Result<()> {
         return Ok(());
     };
     let _op = lock(&entry.op);
-    stop_locked(rt, &entry, false)
+    stop_locked(rt, &entry)
 }
 
-/// Runs the stop steps that have not completed yet. Every step is idempotent, so progress is
-/// kept in memory and persisted once at the end; only a CNI DEL outcome is persisted on the
-/// spot (its failure count drives the give-up policy). `rollback` retries a failing DEL a few
-/// times right away (nobody else will call stop for a sandbox that never became ready).
-pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) -> Result<()> {
+/// StopPodSandbox's steps that have not completed yet: the pod is marked not ready, its
+/// containers stopped, then [`stop_pod`] stops what the pod itself holds.
+pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry) -> Result<()> {
     let rec = lock(&entry.record).clone();
-    let id = rec.id.clone();
-    if rec.stop
+    if is_stopped(&rec) {
+        return Ok(()); // already stopped: a repeated stop is a no-op
+    }
+    mark_not_ready(rt, entry, false)?;
+    if !rec.stop.containers_stopped {
+        stop_containers(rt, &rec.id)?;
+        entry.note(|r| r.stop.containers_stopped = true);
+        failpoint::hit("stop:containers");
+        // Once per pod that was ready, with every container of it exited.
+        if rec.state == SandboxState::Ready && rt.nri.active() {
+            let snapshot = lock(&entry.record).clone();
+            rt.nri.stop_pod_sandbox(&snapshot, &rt.cfg);
+        }
+    }
+    stop_pod(rt, entry, false)
+}
+
+/// Every stop step is done and the record says so.
+fn is_stopped(rec: &SandboxRecord) -> bool {
+    rec.stop
         == (StopRecord {
             containers_stopped: true,
             netns_closed: true,
@@ -36,37 +52,50 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &SandboxEntry, rollback: bool) ->
         })
         && rec.network.stopped == rec.network.setup_started
         && rec.state == SandboxState::NotReady
-    {
-        return Ok(()); // already stopped: a repeated stop is a no-op
+}
+
+/// A stop step's change to the record: persisted (see [`persist_or_note`]), or only noted in
+/// a rollback. A rollback (the sandbox never became ready) persists nothing: its record is
+/// removed at the end, so it must not depend on writing (a full disk is a common cause of
+/// the failure it rolls back).
+fn record_step(entry: &SandboxEntry, rollback: bool, f: &dyn Fn(&mut SandboxRecord)) -> Result<()> {
+    if rollback {
+        entry.note(f);
+        return Ok(());
     }
-    // A rollback (the sandbox never became ready) persists nothing: its record is removed
-    // at the end, so it must not depend on writing (a full disk is a common cause of the
-    // failure it rolls back).
-    let persist = |f: &dyn Fn(&mut SandboxRecord)| -> Result<()> {
-        if rollback {
-            entry.note(f);
-            return Ok(());
-        }
-        persist_or_note(entry, f)
-    };
-    if rec.state == SandboxState::Ready {
-        persist(&|r| r.state = SandboxState::NotReady)?;
+    persist_or_note(entry, f)
+}
+
+/// The pod is not ready from here on; a pod that was ready says so in a Stopped event.
+fn mark_not_ready(rt: &Runtime, entry: &SandboxEntry, rollback: bool) -> Result<()> {
+    if lock(&entry.record).state == SandboxState::Ready {
+        record_step(entry, rollback, &|r| r.state = SandboxState::NotReady)?;
         let status = lock(&entry.record).status();
         rt.emit_pod(crate::events::EventKind::Stopped, status);
     } else {
         entry.note(|r| r.state = SandboxState::NotReady);
     }
+    Ok(())
+}
 
-    if !rec.stop.containers_stopped {
-        stop_containers(rt, &id)?;
+/// Runs the pod's own stop steps that have not completed yet: infra → CNI DEL → namespaces →
+/// shm. Every step is idempotent, so progress is kept in memory and persisted once at the
+/// end; only a CNI DEL outcome is persisted on the spot (its failure count drives the give-up
+/// policy). `rollback` is the undoing of a pod that never became ready (a failed run, or one
+/// whose creation a restart interrupted): it has no containers, since CreateContainer takes
+/// only a ready pod, under the pod's op lock that the rollback holds. It retries a failing
+/// DEL a few times right away (nobody else will call stop for it).
+pub(crate) fn stop_pod(rt: &Runtime, entry: &SandboxEntry, rollback: bool) -> Result<()> {
+    if rollback {
+        mark_not_ready(rt, entry, true)?;
         entry.note(|r| r.stop.containers_stopped = true);
-        failpoint::hit("stop:containers");
-        // Once per pod that was ready, with every container of it exited.
-        if rec.state == SandboxState::Ready && !rollback && rt.nri.active() {
-            let snapshot = lock(&entry.record).clone();
-            rt.nri.stop_pod_sandbox(&snapshot, &rt.cfg);
-        }
     }
+    let rec = lock(&entry.record).clone();
+    if is_stopped(&rec) {
+        return Ok(());
+    }
+    let id = rec.id.clone();
+    let persist = |f: &dyn Fn(&mut SandboxRecord)| record_step(entry, rollback, f);
 
     if let Some(infra) = rec.infra.as_ref().filter(|i| !i.stopped) {
         stop_infra(rt, &rec, infra)?;
