@@ -91,7 +91,9 @@ pub(crate) fn stop_pod(rt: &Runtime, entry: &SandboxEntry, rollback: bool) -> Re
         entry.note(|r| r.stop.containers_stopped = true);
     }
     let rec = lock(&entry.record).clone();
-    if is_stopped(&rec) {
+    // (StopPodSandbox checked before its containers' step; what that step noted is
+    // persisted at the end below.)
+    if rollback && is_stopped(&rec) {
         return Ok(());
     }
     let id = rec.id.clone();
