@@ -32,7 +32,7 @@ pub fn private_dir_all(dir: &Path) -> Result<(), HostError> {
 }
 
 /// ext2/3/4's "top of directory hierarchies" flag (`chattr +T`, `FS_TOPDIR_FL`).
-const FS_TOPDIR_FL: libc::c_long = 0x0002_0000;
+const FS_TOPDIR_FL: libc::c_int = 0x0002_0000;
 
 /// Marks `dir` as the top of directory hierarchies for the ext2/3/4 inode allocator
 /// (`chattr +T`): a subdirectory made in it then starts in a block group of the allocator's
@@ -52,8 +52,9 @@ pub fn spread_subdirs(dir: &Path) -> bool {
     else {
         return false;
     };
-    let mut flags: libc::c_long = 0;
-    // SAFETY: the fd is open; GETFLAGS writes an int into our long, SETFLAGS reads it.
+    // The kernel reads and writes these flags as an int, whatever the ioctl's name says.
+    let mut flags: libc::c_int = 0;
+    // SAFETY: the fd is open; GETFLAGS writes an int into `flags`, SETFLAGS reads it.
     unsafe {
         if libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) != 0 {
             return false;
@@ -115,9 +116,9 @@ mod tests {
         private_dir_all(&d).unwrap();
         let set = spread_subdirs(&d);
         let f = File::open(&d).unwrap();
-        let mut flags: libc::c_long = 0;
+        let mut flags: libc::c_int = 0;
         use std::os::fd::AsRawFd;
-        // SAFETY: GETFLAGS writes an int into our long.
+        // SAFETY: GETFLAGS writes an int into `flags`.
         let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) };
         let ext = nix::sys::statfs::statfs(&d).unwrap().filesystem_type()
             == nix::sys::statfs::EXT4_SUPER_MAGIC;
