@@ -232,8 +232,6 @@ fn check_root(root: &Path) -> Result<()> {
     }
 }
 
-/// The prefix of every namespace file a runtime on state root `root` creates
-/// (`sandboxd-<root tag>-`), for tools and tests that clean up after one instance.
 /// A handler's runtime root under the state root (`runtime/<name>`), made here rather than by
 /// the runtime's first call so that its per-container state dirs spread like the pods' own
 /// (`spread_subdirs`): runc makes and removes one in each create and delete.
