@@ -90,12 +90,8 @@ pub(crate) fn stop_pod(rt: &Runtime, entry: &SandboxEntry, rollback: bool) -> Re
         mark_not_ready(rt, entry, true)?;
         entry.note(|r| r.stop.containers_stopped = true);
     }
+    // Each step below is guarded by its own flag, so a finished stop only persists again.
     let rec = lock(&entry.record).clone();
-    // (StopPodSandbox checked before its containers' step; what that step noted is
-    // persisted at the end below.)
-    if rollback && is_stopped(&rec) {
-        return Ok(());
-    }
     let id = rec.id.clone();
     let persist = |f: &dyn Fn(&mut SandboxRecord)| record_step(entry, rollback, f);
 
