@@ -1,8 +1,9 @@
 //! Linux security modules a pod may ask for: AppArmor profiles and SELinux labels. What the
-//! node cannot honour is refused with the field named (a profile that is not loaded, a label
-//! on a node without SELinux), never silently dropped. The one exception, reported in the
-//! log: AppArmor's `RuntimeDefault` on a node with AppArmor but no `sandboxd-default` profile
-//! loaded runs the container unconfined (kubelet asks for it on every AppArmor node).
+//! node cannot honour is refused with the field named (a profile that is not loaded), never
+//! silently dropped. The exceptions, reported in the log, are the peers': AppArmor's
+//! `RuntimeDefault` on a node with AppArmor but no `sandboxd-default` profile loaded runs the
+//! container unconfined (kubelet asks for it on every AppArmor node), and SELinux options on
+//! a node without SELinux are ignored (kubelet sends the pod's on every node).
 
 use crate::error::{Error, Result};
 
@@ -52,6 +53,9 @@ pub fn apparmor_profile(a: &AppArmor, field: &str) -> Result<Option<String>> {
             Ok(None)
         }
         AppArmor::Localhost(name) => {
+            // kubelet's references read `localhost/NAME`; the profile is NAME (as the peers
+            // strip it).
+            let name = &name.strip_prefix("localhost/").unwrap_or(name).to_string();
             if name.is_empty() || name.len() > 255 || name.contains(['\n', '\0']) {
                 return Err(Error::InvalidArgument(format!(
                     "{field}: {name:?} is not a profile name"
@@ -72,8 +76,9 @@ pub fn apparmor_profile(a: &AppArmor, field: &str) -> Result<Option<String>> {
     }
 }
 
-/// `user:role:type:level` from CRI `SELinuxOption` fields (all empty = none); refused on a
-/// node without SELinux, or when only some are given.
+/// `user:role:type:level` from CRI `SELinuxOption` fields (all empty = none); ignored (logged
+/// once) on a node without SELinux, as the peers do; refused when malformed, or when only some
+/// are given on a node with SELinux.
 pub fn selinux_label(fields: [&str; 4], field: &str) -> Result<Option<String>> {
     if fields.iter().all(|f| f.is_empty()) {
         return Ok(None);
@@ -89,10 +94,16 @@ pub fn selinux_label(fields: [&str; 4], field: &str) -> Result<Option<String>> {
         )));
     }
     if !selinux_enabled() {
-        return Err(Error::InvalidArgument(format!(
-            "{field}: SELinux is not enabled on this node; the label {} cannot be applied",
-            fields.join(":")
-        )));
+        // Both peers ignore SELinux options on a node without SELinux (kubelet sends the
+        // pod's everywhere): said once, not refused.
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            tracing::info!(
+                "{field}: SELinux is not enabled on this node; SELinux options ({}) are ignored",
+                fields.join(":")
+            )
+        });
+        return Ok(None);
     }
     if fields.iter().any(|f| f.is_empty()) {
         return Err(Error::InvalidArgument(format!(

@@ -580,7 +580,9 @@ fn resources_update_and_stats() {
 fn seccomp_privileged_and_bind_mounts() {
     let env = Env::new("ctr-seccomp");
     let rt = setup(&env);
-    let sb = rt.run_pod_sandbox(&pod(&env, "sc", false)).unwrap();
+    let mut p = pod(&env, "sc", false);
+    p.privileged = true; // it holds a privileged container below
+    let sb = rt.run_pod_sandbox(&p).unwrap();
     let idle = "exec sleep 1000";
 
     // A user namespace needs no capability, only the syscall: RuntimeDefault refuses it.
@@ -620,9 +622,17 @@ fn seccomp_privileged_and_bind_mounts() {
         "{e}"
     );
 
-    // Privileged: every capability, writable /sys, no masked paths; mounting works.
+    // Privileged: every capability, writable /sys, no masked paths; mounting works. Only in
+    // a privileged pod, as the peers: the same container in a plain pod is refused.
     let mut c = ctr("priv", idle);
     c.security.privileged = true;
+    let plain = rt.run_pod_sandbox(&pod(&env, "sc-plain", false)).unwrap();
+    let e = rt.create_container(&plain, &c).unwrap_err();
+    assert!(
+        matches!(e, sandboxd::Error::InvalidArgument(_)) && e.to_string().contains("privileged"),
+        "{e}"
+    );
+    rt.remove_pod_sandbox(&plain).unwrap();
     let privileged = run(&rt, &sb, &c);
     let m = "mkdir -p /m && mount -t tmpfs none /m && echo mounted";
     assert_eq!(exec(&rt, &privileged, m).stdout, b"mounted\n");

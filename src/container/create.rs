@@ -35,6 +35,14 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
             sb.id, sb.state
         )));
     }
+    // As both peers: a privileged container only in a privileged pod (kubelet sets the pod's
+    // flag when any of its containers is privileged).
+    if config.security.privileged && !sb.config.privileged {
+        return Err(Error::InvalidArgument(format!(
+            "security_context.privileged: sandbox {} is not privileged; a privileged container needs a privileged pod",
+            sb.id
+        )));
+    }
     let image = rt
         .images
         .get(&config.image)
@@ -67,7 +75,7 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
     let _pins = rt.images.pin(layers.iter().map(String::as_str));
     check_user_namespace(&sb, config)?;
     let namespaces = namespaces(rt, &sb, config)?;
-    let caps = spec::capabilities(config)?;
+    let caps = spec::capabilities(config, last_capability(rt, &sb)?)?;
     let seccomp = match &config.security.seccomp {
         _ if config.security.privileged => None,
         Seccomp::Unconfined => None,
@@ -186,6 +194,11 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
             }
         }
     }
+}
+
+/// The highest capability the pod's runtime knows.
+fn last_capability(rt: &Runtime, sb: &SandboxRecord) -> Result<Option<u8>> {
+    Ok(rt.handler(&sb.runtime_handler)?.family.last_capability())
 }
 
 #[allow(clippy::too_many_arguments)] // the create's validated parts, each used once
@@ -326,6 +339,7 @@ fn build(
         apparmor,
         selinux_label,
         id_map: sb.config.user_namespace.as_ref(),
+        last_capability: last_capability(rt, sb)?,
         sysctls: sb
             .config
             .sysctls

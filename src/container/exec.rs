@@ -56,7 +56,29 @@ pub(crate) fn exec_sync(
         within,
     };
     let mut killed: Vec<i32> = Vec::new();
-    let r = crate::process::run_with(c, b"", &limits, |_| {
+    let inside = runtime.family.exec_pid_inside();
+    let internal_pid_file = pid_file.with_extension("internal.pid");
+    let r = crate::process::run_with(c, b"", &limits, |helper| {
+        // The runtime may not have recorded the process yet (the deadline can come before
+        // `runtime exec` is done: 1.5 s under emulation): wait for its pid, or for the
+        // helper to be gone, before killing anything — killing only the helper would leave
+        // the process running.
+        let files: &[&std::path::Path] = if inside {
+            &[&pid_file, &internal_pid_file]
+        } else {
+            &[&pid_file]
+        };
+        wait_pid_files(files, helper, EXEC_PID_WAIT);
+        // Inside a sandbox (runsc) the process is out of a host signal's reach: the runtime
+        // kills it there, by its pid inside.
+        if let Some(ipid) = inside
+            .then(|| crate::process::read_pid(&internal_pid_file))
+            .flatten()
+        {
+            if let Err(e) = runtime.kill_process(&rec.id, ipid, "KILL", &rec.files().runtime_log) {
+                tracing::warn!(container_id = %rec.id, pid = ipid, error = %e, "could not kill the timed-out exec inside the sandbox");
+            }
+        }
         // The exec'd process and what it started first (killing only the runtime's helper
         // would orphan them inside the container).
         if let Some(pid) = crate::process::read_pid(&pid_file).filter(|p| *p > 1) {
@@ -65,6 +87,7 @@ pub(crate) fn exec_sync(
             crate::process::kill_tree(pid);
         }
     });
+    let _ = std::fs::remove_file(&internal_pid_file);
     let _ = std::fs::remove_file(&pid_file);
     let _ = std::fs::remove_file(pid_file.with_extension("process.json"));
     match r {
@@ -100,6 +123,21 @@ pub(crate) fn exec_sync(
             )))
         }
         Err(e) => Err(Error::step("exec in container", &rec.id, e)),
+    }
+}
+
+/// How long a timed-out ExecSync waits for the runtime to record the process it started.
+const EXEC_PID_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits until every file in `files` holds a pid, or `helper` (the exec's monitor, our
+/// child) has ended, or `limit` passed.
+fn wait_pid_files(files: &[&std::path::Path], helper: i32, limit: Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    while !files.iter().all(|f| crate::process::read_pid(f).is_some())
+        && crate::process::alive(helper)
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

@@ -50,19 +50,41 @@ pub(crate) fn apply_resources(rt: &Runtime, id: &str, res: &Resources) -> Result
     entry.update(|r| r.config.resources = res.clone())
 }
 
-/// ReopenContainerLog: the monitor reopens the log file (after kubelet rotated it).
+/// ReopenContainerLog: the monitor reopens the log file (after kubelet renamed it away). The
+/// call returns once the monitor answered that the new file is open (and so exists); it fails,
+/// with no new file, when the monitor could not open it, or did not answer in time.
 pub(crate) fn reopen_log(rt: &Runtime, id: &str) -> Result<()> {
+    use sandboxd_shim_common::files::{
+        parse_log_reopen, write_atomic, Durability, LOG_REOPEN_DONE, LOG_REOPEN_REQUEST,
+    };
     let entry = rt.container_entry(id)?;
+    // One reopen at a time per container: each waits for the answer to its own token.
+    let _op = lock(&entry.op);
     let rec = require(rt, &entry, &[ContainerState::Running], |r| {
         format!(
             "container {} is not running; its log cannot be reopened",
             r.id
         )
     })?;
-    let pid = rec
-        .files()
+    let files = rec.files();
+    if files.log_path.is_none() {
+        return Ok(()); // no log: nothing to reopen
+    }
+    let pid = files
         .monitor_pid()
         .ok_or_else(|| Error::FailedPrecondition(format!("container {} has no monitor", rec.id)))?;
+    let step = |what: &'static str, e: std::io::Error| {
+        Error::step("reopen log", &rec.id, HostError::io(what, &rec.dir, e))
+    };
+    let token = crate::validate::new_id()[..16].to_string();
+    let done = rec.dir.join(LOG_REOPEN_DONE);
+    let _ = std::fs::remove_file(&done);
+    write_atomic(
+        &rec.dir.join(LOG_REOPEN_REQUEST),
+        token.as_bytes(),
+        Durability::Rename,
+    )
+    .map_err(|e| step("write the reopen request", e.source))?;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGUSR1,
@@ -73,5 +95,37 @@ pub(crate) fn reopen_log(rt: &Runtime, id: &str) -> Result<()> {
             &rec.id,
             HostError::sys("signal monitor", "", e),
         )
-    })
+    })?;
+    let deadline = std::time::Instant::now() + REOPEN_LIMIT;
+    loop {
+        if let Some(r) = std::fs::read_to_string(&done)
+            .ok()
+            .and_then(|t| parse_log_reopen(&t, &token))
+        {
+            return r.map_err(|why| {
+                Error::step(
+                    "reopen log",
+                    &rec.id,
+                    format!("the monitor could not reopen the log: {why}"),
+                )
+            });
+        }
+        if !crate::process::alive(pid) {
+            return Err(Error::FailedPrecondition(format!(
+                "container {}: its monitor exited before reopening the log",
+                rec.id
+            )));
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(Error::DeadlineExceeded(format!(
+                "container {}: the monitor did not reopen the log within {REOPEN_LIMIT:?}",
+                rec.id
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
 }
+
+/// How long ReopenContainerLog waits for the monitor's answer (it answers in microseconds;
+/// a monitor of a release before the answer existed never does).
+const REOPEN_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);

@@ -134,6 +134,11 @@ pub fn pod_config(req: &cri::RunPodSandboxRequest) -> Result<PodSandboxConfig, E
         cgroup_parent,
         sysctls,
         selinux: [se.user, se.role, se.r#type, se.level],
+        privileged: c
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .is_some_and(|s| s.privileged),
         user_namespace,
         resources: c
             .linux

@@ -47,6 +47,19 @@ pub trait Family: Send + Sync + std::fmt::Debug + 'static {
         true
     }
 
+    /// The highest capability number the runtime knows, when it knows fewer than the kernel:
+    /// a process spec naming a later one fails to start, so "ALL" (and privileged) stop there.
+    /// `None`: what the host's bounding set holds.
+    fn last_capability(&self) -> Option<u8> {
+        None
+    }
+
+    /// An exec'd process runs inside the runtime's own sandbox, where a host pid cannot reach
+    /// it: `exec --internal-pid-file` records its pid there, and `kill --pid` signals it.
+    fn exec_pid_inside(&self) -> bool {
+        false
+    }
+
     /// Flags this runtime needs on this host before the configured ones; probed once at start
     /// (a process call with a time limit).
     fn host_args(&self, _binary: &Path) -> Vec<String> {

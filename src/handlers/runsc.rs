@@ -17,6 +17,9 @@ use super::Family;
 /// `net.core.rmem_default` per netns.
 const NETSTACK_FIXED: u32 = 20240801;
 
+/// `CAP_AUDIT_READ`: the last capability every runsc release knows.
+const LAST_KNOWN_CAPABILITY: u8 = 37;
+
 #[derive(Debug)]
 pub struct Runsc;
 
@@ -35,6 +38,17 @@ impl Family for Runsc {
 
     fn node_kernel(&self) -> bool {
         false
+    }
+
+    fn exec_pid_inside(&self) -> bool {
+        true
+    }
+
+    /// gVisor's capability table ends at `CAP_AUDIT_READ` (37) in the releases Debian ships
+    /// (20221219): `CAP_PERFMON`, `CAP_BPF` and `CAP_CHECKPOINT_RESTORE` are refused as
+    /// unknown ("unknown capability"), so a container asking for ALL could not start.
+    fn last_capability(&self) -> Option<u8> {
+        Some(LAST_KNOWN_CAPABILITY)
     }
 
     fn host_args(&self, binary: &Path) -> Vec<String> {

@@ -170,6 +170,8 @@ pub struct PodSandboxConfig {
     pub sysctls: BTreeMap<String, String>,
     /// The pod's SELinux label fields (user, role, type, level; all empty = none).
     pub selinux: [String; 4],
+    /// CRI `security_context.privileged`: only such a pod may hold privileged containers.
+    pub privileged: bool,
     /// The pod's own user namespace (CRI `userns_options` in POD mode); `None`: the node's.
     pub user_namespace: Option<IdMap>,
     /// Pod-level resources (CRI `LinuxPodSandboxConfig.resources`, KEP-2837), as sent at

@@ -372,6 +372,28 @@ impl OciRuntime {
         }
     }
 
+    /// Sends `signal` to one process of container `id`, by its pid inside the runtime's
+    /// sandbox (`kill --pid`: an exec'd process of a sandboxed runtime); a process or
+    /// container that is gone is success.
+    pub fn kill_process(
+        &self,
+        id: &str,
+        pid: i32,
+        signal: &str,
+        log: &Path,
+    ) -> Result<(), RuntimeError> {
+        let (mut c, within) = self.base(Some(log));
+        c.arg("kill")
+            .arg(format!("--pid={pid}"))
+            .arg(id)
+            .arg(signal);
+        match self.call("kill", id, (c, within), Some(log)) {
+            Ok(_) => Ok(()),
+            Err(e) if is_not_found(&e) || is_not_running(&e) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// `update --resources FILE`: applies new cgroup limits (an OCI `LinuxResources` JSON).
     pub fn update(&self, id: &str, resources: &Path, log: &Path) -> Result<(), RuntimeError> {
         let (mut c, within) = self.base(Some(log));
@@ -421,6 +443,10 @@ impl OciRuntime {
                 pid_file: pid_file.to_path_buf(),
                 console_socket: console.map(Path::to_path_buf),
                 process_file,
+                internal_pid_file: self
+                    .family
+                    .exec_pid_inside()
+                    .then(|| pid_file.with_extension("internal.pid")),
                 cmd: cmd.to_vec(),
             }
             .to_args(),

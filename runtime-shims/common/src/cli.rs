@@ -8,7 +8,8 @@
 //!   [--log-path FILE] [--attach-socket SOCK] [--stdin none|open|once]
 //!   [--console-socket SOCK] [--runtime-mount-ns PATH] [--runtime-arg FLAG]...
 //! sandboxd-monitor exec --runtime PATH --runtime-root DIR [--runtime-arg FLAG]...
-//!   --id ID --pid-file FILE [--console-socket SOCK] -- CMD...
+//!   --id ID --pid-file FILE [--console-socket SOCK] [--process FILE]
+//!   [--internal-pid-file FILE] -- CMD...
 //! ```
 
 use std::collections::HashMap;
@@ -29,6 +30,7 @@ const ATTACH_SOCKET: &str = "--attach-socket";
 const STDIN: &str = "--stdin";
 const CONSOLE_SOCKET: &str = "--console-socket";
 const PROCESS: &str = "--process";
+const INTERNAL_PID_FILE: &str = "--internal-pid-file";
 const RUNTIME_MOUNT_NS: &str = "--runtime-mount-ns";
 const VERSION: &str = "--version";
 /// The first argument of the exec mode.
@@ -208,6 +210,9 @@ pub struct ExecArgs {
     /// groups, capabilities, env, cwd and no_new_privs with `cmd` as its args. The monitor
     /// removes it once the runtime has read it.
     pub process_file: Option<PathBuf>,
+    /// Where a sandboxed runtime (runsc) writes the process's pid inside its sandbox: the
+    /// host pid in `pid_file` is only runsc's own, and the process is signalled by this one.
+    pub internal_pid_file: Option<PathBuf>,
     /// The command and its arguments.
     pub cmd: Vec<String>,
 }
@@ -229,6 +234,9 @@ impl ExecArgs {
         if let Some(p) = &self.process_file {
             a.opt(PROCESS, p);
         }
+        if let Some(p) = &self.internal_pid_file {
+            a.opt(INTERNAL_PID_FILE, p);
+        }
         a.word("--");
         for c in &self.cmd {
             a.word(c);
@@ -249,7 +257,8 @@ impl ExecArgs {
             }
             match k.as_str() {
                 RUNTIME_ARG => runtime_args.push(value(&mut it, &k)?),
-                RUNTIME | RUNTIME_ROOT | ID | PID_FILE | CONSOLE_SOCKET | PROCESS => {
+                RUNTIME | RUNTIME_ROOT | ID | PID_FILE | CONSOLE_SOCKET | PROCESS
+                | INTERNAL_PID_FILE => {
                     let v = value(&mut it, &k)?;
                     opts.insert(k, v);
                 }
@@ -272,6 +281,7 @@ impl ExecArgs {
             pid_file,
             console_socket: opts.remove(CONSOLE_SOCKET).map(PathBuf::from),
             process_file: opts.remove(PROCESS).map(PathBuf::from),
+            internal_pid_file: opts.remove(INTERNAL_PID_FILE).map(PathBuf::from),
             cmd,
         })
     }
@@ -383,6 +393,7 @@ mod tests {
             pid_file: "/c/abc/exec-1.pid".into(),
             console_socket: Some("/s/1.sock".into()),
             process_file: Some("/c/abc/exec-1.process.json".into()),
+            internal_pid_file: Some("/c/abc/exec-1.ipid".into()),
             cmd: vec!["sh".into(), "-c".into(), "echo --id".into()],
         };
         let argv = strings(e.to_args());
@@ -404,6 +415,8 @@ mod tests {
                 "/s/1.sock",
                 "--process",
                 "/c/abc/exec-1.process.json",
+                "--internal-pid-file",
+                "/c/abc/exec-1.ipid",
                 "--",
                 "sh",
                 "-c",

@@ -199,3 +199,54 @@ mod tests {
         assert_eq!(parse_stdio_fds(""), None);
     }
 }
+
+/// The name, in the bundle, of the file by which the daemon asks the monitor to reopen the
+/// CRI log (ReopenContainerLog): the daemon writes a token there, then sends SIGUSR1.
+pub const LOG_REOPEN_REQUEST: &str = "log-reopen";
+
+/// The name, in the bundle, of the monitor's answer to [`LOG_REOPEN_REQUEST`], written
+/// atomically once the log was reopened (or could not be): `TOKEN ok` or `TOKEN error: WHY`.
+/// The daemon returns only when it reads its own token there.
+pub const LOG_REOPEN_DONE: &str = "log-reopen.done";
+
+/// The monitor's answer line for `token`: `Ok` when the log was reopened (and created).
+pub fn format_log_reopen(token: &str, result: &Result<(), String>) -> String {
+    match result {
+        Ok(()) => format!("{token} ok\n"),
+        Err(e) => format!("{token} error: {}\n", e.replace('\n', " ")),
+    }
+}
+
+/// Reads an answer line: `Some(result)` when it answers `token`, `None` for another token
+/// (an earlier request) or no answer.
+pub fn parse_log_reopen(text: &str, token: &str) -> Option<Result<(), String>> {
+    let line = text.lines().next()?;
+    let (t, rest) = line.split_once(' ')?;
+    if t != token || token.is_empty() {
+        return None;
+    }
+    Some(match rest.strip_prefix("error: ") {
+        None if rest == "ok" => Ok(()),
+        None => Err(format!("unreadable answer {rest:?}")),
+        Some(why) => Err(why.to_string()),
+    })
+}
+
+#[cfg(test)]
+mod log_reopen_tests {
+    use super::*;
+
+    #[test]
+    fn answers_round_trip_and_match_only_their_token() {
+        let ok = format_log_reopen("a1", &Ok(()));
+        assert_eq!(parse_log_reopen(&ok, "a1"), Some(Ok(())));
+        assert_eq!(parse_log_reopen(&ok, "b2"), None);
+        let err = format_log_reopen("a1", &Err("open /x: No such\nfile".into()));
+        assert_eq!(
+            parse_log_reopen(&err, "a1"),
+            Some(Err("open /x: No such file".into()))
+        );
+        assert_eq!(parse_log_reopen("", "a1"), None);
+        assert_eq!(parse_log_reopen("a1 ok\n", ""), None);
+    }
+}

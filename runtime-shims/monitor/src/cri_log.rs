@@ -22,20 +22,29 @@ pub struct LogFile {
 impl LogFile {
     pub fn open(path: Option<PathBuf>) -> LogFile {
         let mut l = LogFile { path, file: None };
-        l.reopen();
+        let _ = l.reopen();
         l
     }
 
-    pub fn reopen(&mut self) {
-        self.file = self.path.as_ref().and_then(|p| {
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .mode(0o640)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(p)
-                .ok()
-        });
+    /// Opens the log file again (creating it: kubelet renamed the old one away). On failure
+    /// the old file is kept, so no output is lost, and the error says why.
+    pub fn reopen(&mut self) -> Result<(), String> {
+        let Some(p) = self.path.as_ref() else {
+            return Ok(()); // no log: nothing to reopen
+        };
+        match OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o640)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(p)
+        {
+            Ok(f) => {
+                self.file = Some(f);
+                Ok(())
+            }
+            Err(e) => Err(format!("open {}: {e}", p.display())),
+        }
     }
 
     fn entry(&mut self, stream: &str, tag: char, content: &[u8]) {

@@ -26,6 +26,9 @@ pub fn run(argv: Vec<String>) -> ! {
     if let Some(sock) = &args.console_socket {
         c.arg("--tty").arg("--console-socket").arg(sock);
     }
+    if let Some(f) = &args.internal_pid_file {
+        c.arg("--internal-pid-file").arg(f);
+    }
     // The whole process (the container's user, capabilities, env, cwd) when given: runsc's
     // exec would otherwise run as root, whatever the container's user.
     match &args.process_file {

@@ -70,6 +70,37 @@ fn oom_watch_settled(args: &MonitorArgs, oom: &Result<OomWatch, NotYet>) {
     }
 }
 
+/// ReopenContainerLog: reopens the log and answers the daemon's request (the token it left in
+/// the bundle) with the result, so the RPC returns only once the new file exists.
+fn reopen_log(args: &MonitorArgs, log: &mut LogFile) {
+    use sandboxd_shim_common::files::{format_log_reopen, LOG_REOPEN_DONE, LOG_REOPEN_REQUEST};
+    let result = log.reopen();
+    let Some(dir) = args.exit_file.parent() else {
+        return;
+    };
+    // Root's file in root's dir; a token is short: read at most 64 bytes, never through a link.
+    let token = {
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut buf = [0u8; 64];
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(dir.join(LOG_REOPEN_REQUEST))
+            .and_then(|mut f| f.read(&mut buf))
+            .map(|n| String::from_utf8_lossy(&buf[..n]).trim().to_string())
+            .unwrap_or_default()
+    };
+    if token.is_empty() {
+        return; // a bare SIGUSR1 (an older daemon): reopened, nobody waits for an answer
+    }
+    let _ = write_atomic(
+        &dir.join(LOG_REOPEN_DONE),
+        format_log_reopen(&token, &result).as_bytes(),
+        Durability::Rename,
+    );
+}
+
 /// Serves the container until it has exited and its output is drained, then records the
 /// exit and closes the attach clients.
 fn serve(
@@ -171,7 +202,7 @@ fn serve(
             for sig in read_signals(sigfd) {
                 match sig {
                     libc::SIGCHLD => reaper.reap(args),
-                    libc::SIGUSR1 => log.reopen(),
+                    libc::SIGUSR1 => reopen_log(args, &mut log),
                     _ => {} // SIGTERM/SIGINT/SIGHUP: the monitor outlives them.
                 }
             }

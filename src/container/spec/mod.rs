@@ -94,8 +94,9 @@ pub fn env(c: &ContainerConfig, image: &ExecConfig, hostname: &str) -> Vec<Strin
     out.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
 }
 
-/// The capability set of the process.
-pub fn capabilities(c: &ContainerConfig) -> Result<BTreeSet<String>> {
+/// The capability set of the process; `last`: the highest capability number its runtime knows
+/// (`Family::last_capability`), none above it.
+pub fn capabilities(c: &ContainerConfig, last: Option<u8>) -> Result<BTreeSet<String>> {
     let s = &c.security;
     let mut set: std::collections::HashSet<caps::Capability> = if s.privileged {
         caps::all().into_iter().collect()
@@ -127,11 +128,11 @@ pub fn capabilities(c: &ContainerConfig) -> Result<BTreeSet<String>> {
     }
     // A capability the daemon itself lacks (a kernel that does not know it, or a host whose
     // root runs with a reduced bounding set) cannot be granted: the runtime would fail.
-    let last = caps::read(None, caps::CapSet::Bounding)
+    let bounding = caps::read(None, caps::CapSet::Bounding)
         .unwrap_or_else(|_| caps::runtime::thread_all_supported());
     Ok(set
         .into_iter()
-        .filter(|c| last.contains(c))
+        .filter(|c| bounding.contains(c) && last.is_none_or(|l| c.index() <= l))
         .map(|c| c.to_string()) // `CAP_…`, the OCI name
         .collect())
 }
@@ -206,6 +207,8 @@ pub struct Inputs<'a> {
     pub selinux_label: Option<String>,
     /// The maps of the pod's user namespace (joined through `namespaces`).
     pub id_map: Option<&'a crate::model::sandbox::IdMap>,
+    /// The highest capability its runtime knows (`Family::last_capability`).
+    pub last_capability: Option<u8>,
 }
 
 /// A host device node requested by the config, as looked up on the host.
@@ -229,7 +232,7 @@ fn mnt(dest: &str, typ: &str, source: &Path, options: &[&str]) -> Result<Mount> 
 pub fn build(i: &Inputs) -> Result<oci_spec::runtime::Spec> {
     let c = i.config;
     let s = &c.security;
-    let caps: Vec<String> = capabilities(c)?.into_iter().collect();
+    let caps: Vec<String> = capabilities(c, i.last_capability)?.into_iter().collect();
     let args = args(c, i.image)?;
     let cwd = if !c.working_dir.is_empty() {
         c.working_dir.clone()
@@ -420,12 +423,15 @@ mod tests {
     fn capability_add_drop_all() {
         let mut c = ContainerConfig::default();
         c.security.drop_capabilities = vec!["NET_RAW".into()];
-        let set = capabilities(&c).unwrap();
+        let set = capabilities(&c, None).unwrap();
         assert!(!set.contains("CAP_NET_RAW") && set.contains("CAP_CHOWN"));
         c.security.drop_capabilities = vec!["ALL".into()];
         c.security.add_capabilities = vec!["cap_net_admin".into()];
         assert_eq!(
-            capabilities(&c).unwrap().into_iter().collect::<Vec<_>>(),
+            capabilities(&c, None)
+                .unwrap()
+                .into_iter()
+                .collect::<Vec<_>>(),
             ["CAP_NET_ADMIN"]
         );
         c.security.add_capabilities = vec!["NOT_A_CAP".into()];
