@@ -222,7 +222,8 @@ pub struct NriConfig {
     pub plugin_path: PathBuf,
     /// Their configuration files (`NN-name.conf` or `name.conf`).
     pub plugin_config_path: PathBuf,
-    /// A plugin must register within this many seconds of connecting or being started.
+    /// A plugin must register within this many seconds of connecting or being started, and
+    /// answer each part of its Synchronize within as many.
     #[serde(with = "secs")]
     pub plugin_registration_timeout: Duration,
     /// Each request to a plugin must be answered within this many seconds; past it the

@@ -161,6 +161,12 @@ impl Runtime {
         container::status::status(self, id)
     }
 
+    /// The OCI spec a container was created with (its bundle's `config.json`), for verbose
+    /// status; `None` when it cannot be read.
+    pub fn container_runtime_spec(&self, r: &ContainerRecord) -> Option<serde_json::Value> {
+        container::status::runtime_spec(r)
+    }
+
     /// ListContainers, oldest first.
     pub fn list_containers(&self, filter: &ContainerFilter) -> Vec<ContainerRecord> {
         container::status::list(self, filter)

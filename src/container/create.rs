@@ -26,6 +26,14 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
         kind: "sandbox",
         id: sandbox_id.to_string(),
     })?;
+    // A pod still being made (its RunPodSandbox, NRI hooks included, holds the lock) is not
+    // ready: refused now, not made ready by waiting for the lock.
+    let creating = lock(&sb_entry.record).state == SandboxState::Creating;
+    if creating {
+        return Err(Error::FailedPrecondition(format!(
+            "sandbox {sandbox_id} is not ready (its RunPodSandbox has not finished); cannot create a container in it"
+        )));
+    }
     // Holding the sandbox's lock keeps it from being stopped while the container is made.
     let _sb_op = lock(&sb_entry.op);
     let sb = lock(&sb_entry.record).clone();
@@ -316,7 +324,7 @@ fn build(
         m.host_path = at.to_string_lossy().into_owned();
         staged.push(at);
     }
-    let hostname = sb.config.effective_hostname();
+    let hostname = sb.config.effective_hostname(&sb.id);
     let oci = spec::build(&Inputs {
         id,
         sandbox_id: &sb.id,

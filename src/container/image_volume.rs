@@ -1,5 +1,5 @@
 //! Image volumes (CRI `Mount.image`, KEP-4639): an image's layers mounted read-only (nosuid,
-//! nodev, noexec) as a volume, or only one path of it (`image_sub_path`). The path is resolved
+//! nodev; not noexec: the contract runs binaries from them, as the peers allow) as a volume, or only one path of it (`image_sub_path`). The path is resolved
 //! by us, below the image and through no symlink (an image is hostile: a link to `/etc` must
 //! not become a bind of the node's `/etc`), and the resolved dir or file is cloned as a mount
 //! by fd, so the runtime binds exactly what was checked.
@@ -13,21 +13,25 @@ use crate::model::container::BindMount;
 use crate::mounts;
 
 /// Resolves each image volume of `mounts` against the store (absent: NotFound), recording its
-/// digest reference and layers in it; returns every layer they use.
+/// reference (the image id PullImage answered, `sha256:…`) and layers in it; returns every
+/// layer they use. A volume not asked read-only is refused: an image volume is never
+/// writable.
 pub(crate) fn resolve(images: &ImageStore, mounts: &mut [BindMount]) -> Result<Vec<String>> {
     let mut layers = Vec::new();
     for m in mounts {
         let Some(v) = &mut m.image else { continue };
+        if !m.readonly {
+            return Err(Error::InvalidArgument(format!(
+                "mounts ({}): an image volume is read-only; readonly must be true",
+                m.container_path
+            )));
+        }
         check_sub_path(&m.container_path, &v.sub_path)?;
         let img = images.get(&v.image).ok_or_else(|| Error::NotFound {
             kind: "image (of an image volume)",
             id: v.image.clone(),
         })?;
-        v.image_ref = img
-            .repo_digests
-            .first()
-            .cloned()
-            .unwrap_or_else(|| img.id.clone());
+        v.image_ref = img.id.clone();
         v.layers = img.layers.clone();
         layers.extend(img.layers);
     }
@@ -54,7 +58,7 @@ pub(crate) fn stage(
     let scratch = at.with_extension("image");
     mount(id, &lower, &scratch, at, &v.sub_path, idmap)?;
     m.readonly = true;
-    for o in ["nosuid", "nodev", "noexec"] {
+    for o in ["nosuid", "nodev"] {
         if !m.mount_options.iter().any(|x| x == o) {
             m.mount_options.push(o.into());
         }

@@ -31,6 +31,9 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &ContainerEntry, timeout: Duratio
     }
     let runtime = rt.handler(&rec.runtime_handler)?;
     let files = rec.files();
+    // In a pod sharing one PID namespace the container's other processes do not die with its
+    // init: SIGKILL goes to all of them. The stop signal goes to the init alone, as the peers
+    // send it, so a main process that handles it gets its grace.
     let all = rec.shared_pid;
     if rec.state == ContainerState::Running && !timeout.is_zero() {
         // By number: every runtime takes one, whatever names it knows. Whatever goes wrong
@@ -39,11 +42,20 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &ContainerEntry, timeout: Duratio
             .map_or_else(|| rec.stop_signal.clone(), |n| n.to_string());
         match rt
             .host
-            .runtime_kill(runtime, &rec.id, &signal, all, &files.runtime_log)
+            .runtime_kill(runtime, &rec.id, &signal, false, &files.runtime_log)
         {
             Ok(()) => {
                 failpoint::hit("stopctr:signalled");
                 if rt.host.wait_exit(&files, rec.pid, timeout).is_ok() {
+                    if all {
+                        // What the init left behind in the shared namespace goes with it.
+                        if let Err(e) =
+                            rt.host
+                                .runtime_kill(runtime, &rec.id, "KILL", true, &files.runtime_log)
+                        {
+                            tracing::warn!(container_id = %rec.id, error = %e, "cannot kill what the container's init left running");
+                        }
+                    }
                     refresh(rt, entry);
                     return finish_stop(rt, entry);
                 }

@@ -472,3 +472,24 @@ fn stop_signal(v: i32) -> Result<String, Error> {
         ))),
     }
 }
+
+/// Verbose ContainerStatus `info`: the record as JSON, with what node tools (crictl inspect)
+/// read from both peers: `sandboxID`, `pid` and the OCI `runtimeSpec`.
+pub fn verbose_info(
+    verbose: bool,
+    r: &ContainerRecord,
+    spec: Option<serde_json::Value>,
+) -> std::collections::HashMap<String, String> {
+    if !verbose {
+        return Default::default();
+    }
+    let mut v = serde_json::to_value(r).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("sandboxID".into(), r.sandbox_id.clone().into());
+        o.insert("pid".into(), r.pid.into());
+        if let Some(spec) = spec {
+            o.insert("runtimeSpec".into(), spec);
+        }
+    }
+    [("info".to_string(), v.to_string())].into_iter().collect()
+}

@@ -207,12 +207,31 @@ impl PodSandboxConfig {
         let m = &self.metadata;
         format!("k8s_POD_{}_{}_{}_{}", m.name, m.namespace, m.uid, m.attempt)
     }
-    /// The pod's hostname: the configured one, else the pod name (at most 63 characters).
-    pub fn effective_hostname(&self) -> String {
-        if self.hostname.is_empty() {
-            self.metadata.name.chars().take(63).collect()
+    /// The pod's hostname, as the peers make it: the configured one; else, in the node's
+    /// network namespace, the node's; else the pod name where it is a valid hostname (a
+    /// DNS label of at most 63 characters), and otherwise the first 12 characters of the
+    /// pod's id (as CRI-O does) — never an invalid one.
+    pub fn effective_hostname(&self, id: &str) -> String {
+        if !self.hostname.is_empty() {
+            return self.hostname.clone();
+        }
+        if self.host_network() {
+            if let Ok(h) = nix::unistd::gethostname() {
+                return h.to_string_lossy().into_owned();
+            }
+        }
+        let name = &self.metadata.name;
+        let label = !name.is_empty()
+            && name.len() <= 63
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !name.starts_with('-')
+            && !name.ends_with('-');
+        if label {
+            name.clone()
         } else {
-            self.hostname.clone()
+            id.chars().take(12).collect()
         }
     }
     /// Whether the pod uses the node's network namespace (`network: NODE`).
@@ -374,8 +393,7 @@ pub struct SandboxStatus {
     pub labels: BTreeMap<String, String>,
     /// CRI `annotations` as RunPodSandbox gave them.
     pub annotations: BTreeMap<String, String>,
-    /// The handler the pod runs under (the default handler's name if the request named
-    /// none).
+    /// The handler RunPodSandbox named (`""`: the default handler), echoed as asked.
     pub runtime_handler: String,
     /// Whether an infra process or pinned files hold the pod's namespaces.
     pub infra_mode: InfraMode,
@@ -401,7 +419,8 @@ impl SandboxRecord {
             namespace_options: self.config.namespace_options,
             labels: self.config.labels.clone(),
             annotations: self.config.annotations.clone(),
-            runtime_handler: self.runtime_handler.clone(),
+            // What RunPodSandbox asked (`""` for the default), as the peers echo it.
+            runtime_handler: self.config.runtime_handler.clone(),
             infra_mode: self.infra_mode,
             infra_pid: self
                 .infra

@@ -74,9 +74,11 @@ pub(super) async fn join(
             more,
         };
         result = p
-            .request("Synchronize", |c, ctx| async move {
-                c.synchronize(ctx, &req).await
-            })
+            .request_within(
+                shared.cfg.plugin_registration_timeout,
+                "Synchronize",
+                |c, ctx| async move { c.synchronize(ctx, &req).await },
+            )
             .await;
         if let Ok(r) = &result {
             if more && (!r.more || !r.update.is_empty()) {

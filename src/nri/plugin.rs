@@ -73,11 +73,26 @@ impl Plugin {
         F: FnOnce(PluginClient, ttrpc::context::Context) -> Fut,
         Fut: std::future::Future<Output = ttrpc::Result<T>>,
     {
+        self.request_within(self.timeout, what, call).await
+    }
+
+    /// One request with the time limit `limit` (Synchronize is part of joining, and has the
+    /// registration's limit, as in NRI's reference runtime).
+    pub(crate) async fn request_within<T, F, Fut>(
+        &self,
+        limit: std::time::Duration,
+        what: &str,
+        call: F,
+    ) -> Result<T, Failure>
+    where
+        F: FnOnce(PluginClient, ttrpc::context::Context) -> Fut,
+        Fut: std::future::Future<Output = ttrpc::Result<T>>,
+    {
         if self.is_closed() {
             return Err(Failure::Dropped("closed".into()));
         }
-        let ctx = ttrpc::context::with_duration(self.timeout);
-        match tokio::time::timeout(self.timeout, call(self.client.clone(), ctx)).await {
+        let ctx = ttrpc::context::with_duration(limit);
+        match tokio::time::timeout(limit, call(self.client.clone(), ctx)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(ttrpc::Error::RpcStatus(s)))
                 if s.code == ttrpc::Code::UNIMPLEMENTED as i32
@@ -100,7 +115,7 @@ impl Plugin {
                 Err(Failure::Dropped(why))
             }
             Err(_) => {
-                let why = format!("{what}: no answer within {:?}", self.timeout);
+                let why = format!("{what}: no answer within {limit:?}");
                 self.close(&why);
                 Err(Failure::Dropped(why))
             }

@@ -28,11 +28,12 @@ struct Plan {
 }
 
 pub(crate) fn run(rt: &Runtime, config: &PodSandboxConfig) -> Result<String> {
-    let plan = validate_config(rt, config)?;
+    let mut plan = validate_config(rt, config)?;
     let name = config.reserved_name();
 
     // Reserve the name, or find who holds it.
     let id = validate::new_id();
+    plan.hostname = config.effective_hostname(&id);
     let (entry, holder) = {
         let mut reg = lock(&rt.registry);
         match reg.names.holder(&name).map(str::to_string) {
@@ -413,8 +414,10 @@ fn validate_config(rt: &Runtime, c: &PodSandboxConfig) -> Result<Plan> {
         [&s[0], &s[1], &s[2], &s[3]],
         "linux.security_context.selinux_options",
     )?;
-    let hostname = c.effective_hostname();
-    validate::hostname(&hostname)?;
+    // An empty hostname becomes a valid one (`effective_hostname`, once the id is known).
+    if !c.hostname.is_empty() {
+        validate::hostname(&c.hostname)?;
+    }
     if !c.log_directory.is_empty() && !c.log_directory.starts_with('/') {
         return Err(Error::InvalidArgument(format!(
             "log_directory {:?} must be an absolute path",
@@ -542,7 +545,7 @@ fn validate_config(rt: &Runtime, c: &PodSandboxConfig) -> Result<Plan> {
         handler: handler_name,
         infra,
         network,
-        hostname,
+        hostname: String::new(),
         sysctls,
     })
 }

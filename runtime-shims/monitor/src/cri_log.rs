@@ -1,6 +1,6 @@
 //! The CRI log writer: the container's stdout and stderr as CRI log entries,
 //! `TIMESTAMP STREAM TAG CONTENT\n` (tag `F` for a full line, `P` for a part of a line longer
-//! than [`MAX_LINE`]).
+//! than [`MAX_LINE`], and for a last line the stream ended without a newline).
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -137,9 +137,11 @@ impl Stream {
         if !self.closed {
             self.read_into(log, tee);
         }
+        // A last line without its newline is a partial entry, as the peers write it: a
+        // reader (kubelet) then knows no newline was there.
         if !self.buf.is_empty() {
             let rest = std::mem::take(&mut self.buf);
-            log.entry(self.name, 'F', &rest);
+            log.entry(self.name, 'P', &rest);
         }
     }
 }

@@ -4,7 +4,7 @@
 use tonic::{Request, Response, Status};
 
 use crate::api::v1 as cri;
-use crate::cri::{codes, container, resources, verbose_info, CriService};
+use crate::cri::{codes, container, resources, CriService};
 
 pub(super) async fn list_containers(
     svc: &CriService,
@@ -87,12 +87,19 @@ pub(super) async fn container_status(
 ) -> Result<Response<cri::ContainerStatusResponse>, Status> {
     let req = req.into_inner();
     let i = req.container_id.clone();
-    let r = svc
+    let verbose = req.verbose;
+    let (r, spec) = svc
         .blocking("ContainerStatus", &req.container_id, move |rt| {
-            rt.container_status(&i)
+            let r = rt.container_status(&i)?;
+            let spec = if verbose {
+                rt.container_runtime_spec(&r)
+            } else {
+                None
+            };
+            Ok((r, spec))
         })
         .await?;
-    let info = verbose_info(req.verbose, Some(&r));
+    let info = container::verbose_info(verbose, &r, spec);
     Ok(Response::new(cri::ContainerStatusResponse {
         status: Some(container::status_to_cri(&r)),
         info,
