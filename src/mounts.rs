@@ -361,7 +361,6 @@ pub(crate) const MOUNT_ATTR_RDONLY: u64 = 0x1;
 pub(crate) const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 pub(crate) const MOUNT_ATTR_NOSUID: u64 = 0x2;
 pub(crate) const MOUNT_ATTR_NODEV: u64 = 0x4;
-pub(crate) const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 
 fn cpath(path: &Path) -> Result<std::ffi::CString, HostError> {
     std::ffi::CString::new(path.as_os_str().as_encoded_bytes())

@@ -522,14 +522,34 @@ fn restart_keeps_containers_running_and_records_exits() {
         .unwrap_err();
     assert!(matches!(e, Error::NameReserved { .. }), "{e}");
 
-    // Rotation: the monitor reopens the log after it was renamed.
-    std::fs::rename(&log, log.with_extension("1")).unwrap();
-    rt.reopen_container_log(&ticker).unwrap();
+    // Rotation: the monitor reopens the log after it was renamed. The call returns only
+    // once it has: the new file exists the moment it returns (as critest checks it).
+    for round in 1..=3 {
+        std::fs::rename(&log, log.with_extension(round.to_string())).unwrap();
+        rt.reopen_container_log(&ticker).unwrap();
+        assert!(
+            log.is_file(),
+            "round {round}: no new log file when ReopenContainerLog returned"
+        );
+    }
     let deadline = Instant::now() + Duration::from_secs(5);
     while log_entries(&log).is_empty() {
         assert!(Instant::now() < deadline, "no new log after reopen");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // A reopen that cannot be done (the log's dir is gone) fails, and makes no file.
+    let dir = log.parent().unwrap().to_path_buf();
+    let kept = dir.with_extension("kept");
+    std::fs::rename(&dir, &kept).unwrap();
+    let e = rt.reopen_container_log(&ticker).unwrap_err();
+    assert!(e.to_string().contains("reopen"), "{e}");
+    assert!(
+        !log.exists() && !dir.exists(),
+        "a failed reopen made {}",
+        log.display()
+    );
+    std::fs::rename(&kept, &dir).unwrap();
+    rt.reopen_container_log(&ticker).unwrap();
     rt.remove_pod_sandbox(&sb).unwrap();
     assert!(runc_state(&env, &ticker).1.contains("does not exist"));
     env.assert_no_leaks();
@@ -651,13 +671,13 @@ fn seccomp_privileged_and_bind_mounts() {
     // a privileged pod, as the peers: the same container in a plain pod is refused.
     let mut c = ctr("priv", idle);
     c.security.privileged = true;
-    let plain = rt.run_pod_sandbox(&pod(&env, "sc-plain", false)).unwrap();
-    let e = rt.create_container(&plain, &c).unwrap_err();
+    let plain_pod = rt.run_pod_sandbox(&pod(&env, "sc-plain", false)).unwrap();
+    let e = rt.create_container(&plain_pod, &c).unwrap_err();
     assert!(
         matches!(e, sandboxd::Error::InvalidArgument(_)) && e.to_string().contains("privileged"),
         "{e}"
     );
-    rt.remove_pod_sandbox(&plain).unwrap();
+    rt.remove_pod_sandbox(&plain_pod).unwrap();
     let privileged = run(&rt, &sb, &c);
     let m = "mkdir -p /m && mount -t tmpfs none /m && echo mounted";
     assert_eq!(exec(&rt, &privileged, m).stdout, b"mounted\n");

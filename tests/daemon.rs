@@ -483,3 +483,78 @@ fn config_file_and_flags() {
     // Nothing was created by refused configs.
     assert!(!Path::new("/tmp/other.sock").exists());
 }
+
+/// A Go gRPC client on a unix socket sends the socket's path as `:authority` unless told
+/// otherwise (kubelet and crictl override it; other node tools don't). That is no URI
+/// authority, and the HTTP/2 layer used to reset every such request as malformed. Spoken
+/// here byte by byte, as such a client writes it: Version answers.
+#[test]
+fn a_socket_path_as_authority_is_served() {
+    use std::io::{Read, Write};
+    let env = Env::new("daemon-authority");
+    let d = Daemon::start(&env);
+    let mut s = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let frame = |kind: u8, flags: u8, stream: u32, payload: &[u8]| -> Vec<u8> {
+        let n = payload.len() as u32;
+        let mut f = vec![(n >> 16) as u8, (n >> 8) as u8, n as u8, kind, flags];
+        f.extend_from_slice(&stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    };
+    // HPACK, literals without Huffman coding: a value after an indexed name, or a new name.
+    let lit = |index: &[u8], value: &str| -> Vec<u8> {
+        let mut v = index.to_vec();
+        v.push(value.len() as u8);
+        v.extend_from_slice(value.as_bytes());
+        v
+    };
+    let path = d.socket.display().to_string();
+    let mut block = vec![0x83, 0x86]; // :method POST, :scheme http
+    block.extend(lit(&[0x04], "/runtime.v1.RuntimeService/Version"));
+    block.extend(lit(&[0x01], &path)); // :authority
+    block.extend(lit(&[0x0f, 0x10], "application/grpc")); // content-type
+    block.extend(lit(&[0x00, 0x02, b't', b'e'], "trailers"));
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame(0x4, 0, 0, &[])); // SETTINGS
+    out.extend(frame(0x1, 0x4, 1, &block)); // HEADERS, END_HEADERS
+    out.extend(frame(0x0, 0x1, 1, &[0, 0, 0, 0, 0])); // DATA: an empty VersionRequest, END_STREAM
+    s.write_all(&out).unwrap();
+    // Read frames until stream 1 answers with data (served) or is reset (refused).
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let answer = loop {
+        let mut at = 0;
+        let mut found = None;
+        while buf.len() >= at + 9 {
+            let len = (buf[at] as usize) << 16 | (buf[at + 1] as usize) << 8 | buf[at + 2] as usize;
+            let (kind, stream) = (
+                buf[at + 3],
+                u32::from_be_bytes(buf[at + 5..at + 9].try_into().unwrap()) & 0x7fff_ffff,
+            );
+            if buf.len() < at + 9 + len {
+                break;
+            }
+            if stream == 1 && (kind == 0x0 || kind == 0x3) {
+                found = Some((kind, buf[at + 9..at + 9 + len].to_vec()));
+            }
+            if kind == 0x7 {
+                found = Some((kind, buf[at + 9..at + 9 + len].to_vec())); // GOAWAY
+            }
+            at += 9 + len;
+        }
+        if let Some(f) = found {
+            break f;
+        }
+        let n = s.read(&mut chunk).expect("the daemon answered nothing");
+        assert!(n > 0, "the daemon closed the connection");
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    assert_eq!(
+        answer.0, 0x0,
+        "stream reset or connection refused: {answer:?}"
+    );
+    let text = String::from_utf8_lossy(&answer.1);
+    assert!(text.contains("sandboxd"), "{text:?}");
+}

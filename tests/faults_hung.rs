@@ -306,3 +306,74 @@ fn a_full_state_disk_rolls_back_and_starts() {
     sh(&format!("umount {}", small.display()));
     env.assert_no_leaks();
 }
+
+/// ExecSync's deadline comes before the runtime recorded the exec'd process (under
+/// emulation `runc exec` takes 1.5 s; kubelet's probes allow 1): the process must still be
+/// killed before DeadlineExceeded returns, not only the runtime's helper. The wrapper runtime
+/// hands runc's pid file over 2 s late.
+#[test]
+fn a_timed_out_exec_is_killed_even_before_its_pid_is_recorded() {
+    const IMAGE: &str = "sandboxd.test/busybox:slowexec";
+    let mut env = Env::new("faults-slowexec");
+    let wrapper = env.base.join("bin/slow-exec-runtime");
+    std::fs::write(
+        &wrapper,
+        r#"#!/bin/sh
+case " $* " in *" exec "*) ;; *) exec /usr/sbin/runc "$@" ;; esac
+n=$#; prev=; pf=
+for a in "$@"; do
+  if [ "$prev" = --pid-file ]; then pf=$a; set -- "$@" "$a.late"; else set -- "$@" "$a"; fi
+  prev=$a
+done
+shift $n
+/usr/sbin/runc "$@" || exit $?
+sleep 2
+mv "$pf.late" "$pf"
+"#,
+    )
+    .unwrap();
+    sh(&format!("chmod 755 {}", wrapper.display()));
+    env.cfg.runtimes.insert(
+        "slowexec".into(),
+        RuntimeHandler {
+            path: wrapper.clone(),
+            root: None,
+            family: Some("runc".into()),
+            needs_sandbox_process: false,
+            runtime_args: Vec::new(),
+        },
+    );
+    let rt = env.runtime();
+    rt.images()
+        .import(&busybox::oci_layout(&env.base, IMAGE), None)
+        .unwrap();
+    let mut pod = env.pod("slowexec", false);
+    pod.runtime_handler = "slowexec".into();
+    let sb = rt.run_pod_sandbox(&pod).unwrap();
+    let ctr = sandboxd::ContainerConfig {
+        metadata: sandboxd::ContainerMetadata {
+            name: "c".into(),
+            attempt: 0,
+        },
+        image: IMAGE.into(),
+        command: vec!["sleep".into(), "1000".into()],
+        ..Default::default()
+    };
+    let id = rt.create_container(&sb, &ctr).unwrap();
+    rt.start_container(&id).unwrap();
+    let e = rt
+        .exec_sync(
+            &id,
+            &["sleep".into(), "6377".into()],
+            std::time::Duration::from_secs(1),
+        )
+        .unwrap_err();
+    assert!(matches!(e, sandboxd::Error::DeadlineExceeded(_)), "{e}");
+    let left = sh("pgrep -f '[s]leep 6377' || true");
+    assert!(
+        left.trim().is_empty(),
+        "the timed-out exec lives on: {left}"
+    );
+    rt.remove_pod_sandbox(&sb).unwrap();
+    env.assert_no_leaks();
+}

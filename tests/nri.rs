@@ -201,6 +201,28 @@ fn events_in_order_and_adjustments_show_in_the_container() {
             "REMOVE_POD_SANDBOX nri",
         ]
     );
+    // A plugin sees what it set in every later event (the container as adjusted, not as
+    // asked), and RemovePodSandbox still names the pod's old network namespace.
+    let details = plugin.details();
+    for e in [
+        "POST_CREATE_CONTAINER",
+        "START_CONTAINER",
+        "REMOVE_CONTAINER",
+    ] {
+        assert!(
+            details
+                .iter()
+                .any(|d| d.starts_with(&format!("{e} work ")) && d.ends_with("adjusted=true")),
+            "{e}: {details:?}"
+        );
+    }
+    let netns = env.cfg.netns_dir.display().to_string();
+    assert!(
+        details
+            .iter()
+            .any(|d| d.starts_with("REMOVE_POD_SANDBOX nri netns=") && d.contains(&netns)),
+        "{details:?}"
+    );
     env.assert_no_leaks();
 }
 
@@ -516,6 +538,32 @@ fn a_validator_rejects_the_adjustments_and_nothing_is_left() {
     start(&rt, &mut c, &id);
     assert_eq!(exec(&rt, &mut c, &id, "echo $INJECTED"), "1\n");
     drop(adjuster);
+    remove_pod(&rt, &mut c, &sb);
+    env.assert_no_leaks();
+}
+
+/// A plugin that restarts faster than a failed write could tell us connects again with the
+/// same name and index while its old connection is still listed: the newcomer takes its
+/// place (NRI's reference runtime does so), the old one is closed, and events reach only the
+/// new one.
+#[test]
+fn a_plugin_reconnecting_with_its_name_and_index_replaces_the_old_one() {
+    let env = Env::new("nri-reconnect");
+    let (_d, rt, mut c) = daemon(&env);
+    let old = TestPlugin::connect(&env.cfg.nri.socket_path, behavior("40", "again"));
+    assert_eq!(plugins(&rt, &mut c), ["40-again"]);
+    let new = TestPlugin::connect(&env.cfg.nri.socket_path, behavior("40", "again"));
+    assert_eq!(plugins(&rt, &mut c), ["40-again"]);
+    let p = pod("again", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    new.wait_for("RUN_POD_SANDBOX again");
+    assert!(
+        !old.events()
+            .iter()
+            .any(|e| e.starts_with("RUN_POD_SANDBOX")),
+        "the replaced connection still gets events: {:?}",
+        old.events()
+    );
     remove_pod(&rt, &mut c, &sb);
     env.assert_no_leaks();
 }

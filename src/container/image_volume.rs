@@ -1,8 +1,9 @@
 //! Image volumes (CRI `Mount.image`, KEP-4639): an image's layers mounted read-only (nosuid,
-//! nodev; not noexec: the contract runs binaries from them, as the peers allow) as a volume, or only one path of it (`image_sub_path`). The path is resolved
-//! by us, below the image and through no symlink (an image is hostile: a link to `/etc` must
-//! not become a bind of the node's `/etc`), and the resolved dir or file is cloned as a mount
-//! by fd, so the runtime binds exactly what was checked.
+//! nodev; not noexec: the contract runs binaries from them, as the peers allow) as a volume,
+//! or only one path of it (`image_sub_path`). The path is resolved by us, below the image and
+//! through no symlink (an image is hostile: a link to `/etc` must not become a bind of the
+//! node's `/etc`), and the resolved dir or file is cloned as a mount by fd, so the runtime
+//! binds exactly what was checked.
 
 use std::os::fd::AsFd;
 use std::path::{Component, Path, PathBuf};
@@ -151,10 +152,11 @@ fn cut(
         return Err(refused("is neither a directory nor a regular file".into()));
     }
     let tree = mounts::clone_tree_of(part.as_fd()).map_err(step)?;
-    let mut attrs = mounts::MOUNT_ATTR_RDONLY
-        | mounts::MOUNT_ATTR_NOSUID
-        | mounts::MOUNT_ATTR_NODEV
-        | mounts::MOUNT_ATTR_NOEXEC;
+    // Not noexec (binaries in an image volume run, as the contract expects); the runtime's
+    // bind remount carries exactly these flags, and in a user-namespace pod it may not clear
+    // one that is set here.
+    let mut attrs =
+        mounts::MOUNT_ATTR_RDONLY | mounts::MOUNT_ATTR_NOSUID | mounts::MOUNT_ATTR_NODEV;
     if idmap.is_some() {
         attrs |= mounts::MOUNT_ATTR_IDMAP;
     }

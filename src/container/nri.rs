@@ -66,7 +66,7 @@ impl Updates for Domain {
             .collect();
         let ctrs = containers
             .iter()
-            .map(|e| convert::container(&lock(&e.record)))
+            .map(|e| convert::created(&lock(&e.record).clone()))
             .collect();
         (pods, ctrs)
     }

@@ -72,6 +72,7 @@ fn finish_quarantined(rt: &Runtime, id: &str) -> Result<()> {
 pub(crate) fn remove_locked(rt: &Runtime, entry: &ContainerEntry) -> Result<()> {
     stop_locked(rt, entry, Duration::ZERO)?;
     failpoint::hit("removectr:stopped");
+    let seen = rt.nri.seen(&lock(&entry.record).clone());
     teardown(rt, entry)?;
     let rec = lock(&entry.record).clone();
     if let Some(log) = &rec.log_path {
@@ -86,7 +87,7 @@ pub(crate) fn remove_locked(rt: &Runtime, entry: &ContainerEntry) -> Result<()> 
     unregister(rt, entry);
     if rt.nri.active() {
         if let Ok(sb) = rt.sandbox_record(&rec.sandbox_id) {
-            rt.nri.remove_container(&sb, &rec, &rt.cfg);
+            rt.nri.remove_container(&sb, &rec, seen, &rt.cfg);
         }
     }
     tracing::info!(container_id = %rec.id, "container removed");

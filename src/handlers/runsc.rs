@@ -8,6 +8,8 @@
 //! so such a runsc refuses every pod ("cannot run with network enabled in root network
 //! namespace"). There the handler uses `--network=host`: the sandbox still runs in the pod's
 //! netns, with its CNI interface, but its sockets go to the kernel's stack of that netns.
+//! `--oci-seccomp` (where the release has it) makes gVisor apply the spec's seccomp profile
+//! inside the sandbox; without it a RuntimeDefault or localhost profile would be ignored.
 
 use std::path::Path;
 
@@ -52,11 +54,17 @@ impl Family for Runsc {
     }
 
     fn host_args(&self, binary: &Path) -> Vec<String> {
-        if netstack_usable(binary) {
-            Vec::new()
-        } else {
-            vec!["--network=host".into()]
+        let mut args = Vec::new();
+        if !netstack_usable(binary) {
+            args.push("--network=host".into());
         }
+        // Without it gVisor ignores the spec's seccomp profile (RuntimeDefault, a localhost
+        // profile): the container would run unfiltered inside the sandbox where the user
+        // asked for a filter, as the CRI validation suite's seccomp specs show.
+        if has_flag(binary, "oci-seccomp") {
+            args.push("--oci-seccomp".into());
+        }
+        args
     }
 }
 
@@ -93,6 +101,18 @@ fn netstack_usable(runsc: &Path) -> bool {
             !shown
         }
     }
+}
+
+/// Does `runsc flags` list `-NAME`?
+fn has_flag(runsc: &Path, name: &str) -> bool {
+    let mut c = std::process::Command::new(runsc);
+    c.arg("flags");
+    crate::process::run(c, b"", std::time::Duration::from_secs(10)).is_ok_and(|o| {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .chain(String::from_utf8_lossy(&o.stderr).lines())
+            .any(|l| l.trim_start().split_whitespace().next() == Some(&format!("-{name}")))
+    })
 }
 
 /// Does a fresh network namespace show `net.core.rmem_default`?

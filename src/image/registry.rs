@@ -152,6 +152,18 @@ pub fn install_tls_provider() {
     });
 }
 
+/// An error with its causes, `outer: inner: …` (reqwest's own text drops them).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
 impl Registry {
     /// `host` is `host[:port]`; `plain_http` for insecure and loopback registries; `ca` are
     /// PEM certificates trusted besides the system's.
@@ -163,20 +175,38 @@ impl Registry {
         ca: &[u8],
     ) -> Result<Registry, RegistryError> {
         install_tls_provider();
-        let mut b = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(Duration::from_secs(60))
-            .redirect(reqwest::redirect::Policy::limited(5))
-            .no_proxy()
-            .user_agent(concat!("sandboxd/", env!("CARGO_PKG_VERSION")));
-        if !ca.is_empty() {
-            let certs = reqwest::Certificate::from_pem_bundle(ca)
-                .map_err(|e| RegistryError::Invalid(format!("CA file: {e}")))?;
-            b = b.tls_certs_merge(certs);
-        }
-        let client = b
-            .build()
-            .map_err(|e| RegistryError::Transport(format!("HTTP client: {e}")))?;
+        let base = || {
+            reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .read_timeout(Duration::from_secs(60))
+                .redirect(reqwest::redirect::Policy::limited(5))
+                .no_proxy()
+                .user_agent(concat!("sandboxd/", env!("CARGO_PKG_VERSION")))
+        };
+        let certs = if ca.is_empty() {
+            Vec::new()
+        } else {
+            reqwest::Certificate::from_pem_bundle(ca)
+                .map_err(|e| RegistryError::Invalid(format!("CA file: {e}")))?
+        };
+        let client = match base().tls_certs_merge(certs.clone()).build() {
+            Ok(c) => c,
+            // The node's trust store could not be loaded (no ca-certificates): a plain-HTTP
+            // registry needs none, a configured CA is enough on its own; otherwise say so.
+            Err(e) if plain_http || !certs.is_empty() => {
+                tracing::debug!(registry = host, error = %error_chain(&e), "no system CA roots; using only the configured ones");
+                base()
+                    .tls_certs_only(certs)
+                    .build()
+                    .map_err(|e| RegistryError::Transport(format!("HTTP client: {}", error_chain(&e))))?
+            }
+            Err(e) => {
+                return Err(RegistryError::Transport(format!(
+                    "HTTP client for {host}: the node's CA certificates could not be loaded ({}); install ca-certificates, or configure a CA or plain HTTP for this registry",
+                    error_chain(&e)
+                )))
+            }
+        };
         let token = match &creds {
             Some(Creds::Bearer(t)) => Some(t.clone()),
             _ => None,

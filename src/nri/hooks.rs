@@ -195,7 +195,7 @@ impl Nri {
         }
         let fail = |m: String| Error::FailedPrecondition(format!("container {}: {m}", c.id));
         let pod = convert::pod(sb, cfg);
-        let ctr = convert::container(c);
+        let ctr = convert::created(c);
         let mut want = resources.clone();
         let shared = self.shared.clone();
         let (mut updates, mut evictions) = (Vec::new(), Vec::new());
@@ -247,11 +247,18 @@ impl Nri {
     /// StopContainer: sent once per container, whether it was stopped or exited by itself;
     /// plugins may update other containers (their freed resources).
     pub(crate) fn stop_container(&self, sb: &SandboxRecord, c: &ContainerRecord, cfg: &Config) {
-        if !self.active() || !crate::state::lock(&self.shared.stopped).insert(c.id.clone()) {
+        if !self.active() || crate::state::lock(&self.shared.stopped).contains(&c.id) {
+            return;
+        }
+        self.stop_container_as(sb, convert::created(c), cfg);
+    }
+
+    /// StopContainer with the container as plugins see it (`ctr`).
+    fn stop_container_as(&self, sb: &SandboxRecord, ctr: api::Container, cfg: &Config) {
+        if !self.active() || !crate::state::lock(&self.shared.stopped).insert(ctr.id.clone()) {
             return;
         }
         let pod = convert::pod(sb, cfg);
-        let ctr = convert::container(c);
         let shared = self.shared.clone();
         let updates = self
             .block_on(async move {
@@ -285,13 +292,32 @@ impl Nri {
         self.apply_updates("StopContainer", &updates, &[]);
     }
 
-    /// RemoveContainer (StopContainer first if it never went out).
-    pub(crate) fn remove_container(&self, sb: &SandboxRecord, c: &ContainerRecord, cfg: &Config) {
+    /// The container as plugins see it (its spec as their adjustments left it), taken before
+    /// RemoveContainer removes its bundle: the events that follow still show what they set.
+    pub(crate) fn seen(&self, c: &ContainerRecord) -> Option<api::Container> {
+        self.active().then(|| convert::created(c))
+    }
+
+    /// RemoveContainer (StopContainer first if it never went out), with the container as
+    /// [`seen`](Self::seen) before its bundle went.
+    pub(crate) fn remove_container(
+        &self,
+        sb: &SandboxRecord,
+        c: &ContainerRecord,
+        seen: Option<api::Container>,
+        cfg: &Config,
+    ) {
         if !self.active() {
             return;
         }
-        self.stop_container(sb, c, cfg);
-        let _ = self.event(Event::RemoveContainer, sb, Some(c), cfg, false);
+        let ctr = seen.unwrap_or_else(|| convert::created(c));
+        self.stop_container_as(sb, ctr.clone(), cfg);
+        let _ = self.notify(
+            Event::RemoveContainer,
+            convert::pod(sb, cfg),
+            Some(ctr),
+            false,
+        );
         crate::state::lock(&self.shared.stopped).remove(&c.id);
     }
 

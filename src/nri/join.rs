@@ -94,19 +94,21 @@ pub(super) async fn join(
     match result {
         Ok(r) => {
             let id = p.id.clone();
-            let added = {
+            // A plugin of the same name and index still listed is one that restarted faster
+            // than a failed write could tell us: the newcomer takes its place (as NRI's
+            // reference runtime does), the old connection is closed.
+            let replaced = {
                 let mut l = crate::state::lock(&shared.plugins);
-                let dup = l.iter().any(|o| o.id == p.id && !o.is_closed());
-                if !dup {
-                    l.push(p.clone());
-                    l.sort_by(|a, b| (&a.idx, &a.name).cmp(&(&b.idx, &b.name)));
-                }
-                !dup
+                let old: Vec<_> = l.iter().filter(|o| o.id == p.id).cloned().collect();
+                l.retain(|o| o.id != p.id);
+                l.push(p.clone());
+                l.sort_by(|a, b| (&a.idx, &a.name).cmp(&(&b.idx, &b.name)));
+                old
             };
-            if !added {
-                p.close("a plugin of the same name and index is connected");
+            // Each was counted while listed (closed ones too, until pruned).
+            for old in replaced {
+                old.close("replaced by a plugin of the same name and index that reconnected");
                 shared.active.fetch_sub(1, Ordering::AcqRel);
-                return;
             }
             drop(_w);
             tracing::info!(plugin = %id, events = format!("{:#x}", p.events), "NRI plugin registered");

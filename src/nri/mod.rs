@@ -271,7 +271,7 @@ impl Nri {
         self.notify(
             event,
             convert::pod(sb, cfg),
-            c.map(convert::container),
+            c.map(convert::created),
             blocking,
         )
     }

@@ -1,8 +1,10 @@
 //! UpdatePodSandboxResources (in-place pod resize, CRI 1.33): the pod's new resources and
 //! overhead are recorded (persisted, shown in the verbose status). Where kubelet gave the pod's
 //! cgroup it sizes it itself before it calls this (containerd and CRI-O only record them too);
-//! a pod cgroup made by the daemon is resized here, and a memory limit below what the pod uses
-//! now is refused (`FailedPrecondition`) rather than left to the OOM killer.
+//! a pod cgroup made by the daemon is resized here. The call is a notice of what kubelet
+//! already decided (the CRI says so), so it succeeds with what can be applied: a memory limit
+//! below what the pod uses now is not written (the pod's current limit stays, logged) rather
+//! than left to the OOM killer, and the rest is applied; the new values are recorded.
 
 use super::SandboxState;
 use crate::error::{Error, Result};
@@ -23,13 +25,17 @@ pub(crate) fn update_resources(
     let _op = lock(&entry.op);
     let rec = lock(&entry.record).clone();
     if rec.own_pod_cgroup && rec.state == SandboxState::Ready {
-        let limits = crate::cgroups::PodLimits::of(resources.as_ref(), overhead.as_ref());
+        let mut limits = crate::cgroups::PodLimits::of(resources.as_ref(), overhead.as_ref());
         let used = crate::cgroups::usage(&rec.pod_cgroup).memory_bytes;
         if let Some(used) = used.filter(|u| limits.memory > 0 && *u as i64 > limits.memory) {
-            return Err(Error::FailedPrecondition(format!(
-                "pod {id} uses {used} bytes of memory now, more than the requested limit of {} (resources plus overhead)",
-                limits.memory
-            )));
+            let kept = crate::cgroups::PodLimits::of(
+                rec.config.resources.as_ref(),
+                rec.config.overhead.as_ref(),
+            )
+            .memory;
+            tracing::warn!(sandbox_id = %id, used, asked = limits.memory, kept,
+                "the pod uses more memory than its new limit: the memory limit is left as it was (0: none), the rest applied");
+            limits.memory = kept;
         }
         rt.host
             .set_cgroup_limits(&rec.pod_cgroup, &limits)

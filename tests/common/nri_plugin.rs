@@ -34,6 +34,9 @@ pub struct Behavior {
 #[derive(Default)]
 struct State {
     events: Vec<String>,
+    /// Per state-change event: `EVENT NAME netns=PATH adjusted=BOOL` (the pod's network
+    /// namespace path, and whether the container's env shows `NRI_ADJUSTED`).
+    details: Vec<String>,
     synced: Option<(Vec<String>, Vec<String>)>,
     fails_left: usize,
 }
@@ -208,6 +211,21 @@ impl sandboxd_nri_api::PluginService for Handler {
         let event = api::Event::try_from(req.event)
             .map(|e| e.as_str_name())
             .unwrap_or("UNKNOWN");
+        let netns = req
+            .pod
+            .as_ref()
+            .and_then(|p| p.linux.as_ref())
+            .and_then(|l| l.namespaces.iter().find(|n| n.r#type == "network"))
+            .map(|n| n.path.clone())
+            .unwrap_or_default();
+        let adjusted = req
+            .container
+            .as_ref()
+            .is_some_and(|c| c.env.iter().any(|e| e.starts_with("NRI_ADJUSTED=")));
+        self.state.lock().unwrap().details.push(format!(
+            "{event} {} netns={netns} adjusted={adjusted}",
+            names(&req.pod, &req.container)
+        ));
         self.on(event, &names(&req.pod, &req.container)).await?;
         Ok(api::Empty {})
     }
@@ -313,6 +331,11 @@ impl TestPlugin {
     }
 
     /// The events received, Configure and Synchronize left out.
+    /// What each state-change event carried (see `State::details`).
+    pub fn details(&self) -> Vec<String> {
+        self.state.lock().unwrap().details.clone()
+    }
+
     pub fn events(&self) -> Vec<String> {
         self.state
             .lock()

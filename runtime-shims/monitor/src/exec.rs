@@ -24,7 +24,12 @@ pub fn run(argv: Vec<String>) -> ! {
         .arg("--pid-file")
         .arg(&args.pid_file);
     if let Some(sock) = &args.console_socket {
-        c.arg("--tty").arg("--console-socket").arg(sock);
+        // With `--process` the terminal is the file's `terminal: true` (runc ignores `--tty`
+        // then; runsc's exec has no such flag and refuses it).
+        if args.process_file.is_none() {
+            c.arg("--tty");
+        }
+        c.arg("--console-socket").arg(sock);
     }
     if let Some(f) = &args.internal_pid_file {
         c.arg("--internal-pid-file").arg(f);
