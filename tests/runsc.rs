@@ -444,6 +444,49 @@ fn gvisor_image_volume() {
     env.assert_no_leaks();
 }
 
+/// A recursively read-only volume under gVisor: its submount (a tmpfs) is read-only in the
+/// container too — gVisor binds read-only all through by itself, so no staged copy is held
+/// in the node's mount namespace — and the volume's owner can unmount the submount and
+/// remove the dirs while the container lives (a staged copy kept them busy: the CRI
+/// validation suite's cleanup got EBUSY).
+#[test]
+fn gvisor_recursive_read_only_volume_leaves_the_host_path_free() {
+    if let Some(why) = runsc_missing() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let env = Env::new("runsc-rro");
+    let vol = env.base.join("vol");
+    std::fs::create_dir_all(vol.join("tmpfs")).unwrap();
+    sh(&format!(
+        "mount -t tmpfs none {}",
+        vol.join("tmpfs").display()
+    ));
+    let (_d, rt, mut c) = daemon(&env);
+    let p = pod("gv-rro", serde_json::json!({}));
+    let sb = run_gvisor_pod(&rt, &mut c, &p);
+    let mut cfg = own_pid("v", &["sleep", "1000"]);
+    cfg.mounts = vec![cri::Mount {
+        container_path: "/mnt".into(),
+        host_path: vol.display().to_string(),
+        readonly: true,
+        recursive_read_only: true,
+        ..Default::default()
+    }];
+    let id = create(&rt, &mut c, &sb, &p, cfg).unwrap();
+    start(&rt, &mut c, &id);
+    let out = exec(&rt, &mut c, &id, "touch /mnt/tmpfs/x 2>&1; echo done");
+    assert!(out.contains("Read-only"), "{out}");
+    sh(&format!("umount -l {}", vol.join("tmpfs").display()));
+    std::fs::remove_dir(vol.join("tmpfs"))
+        .expect("the submount's dir is free while the container runs");
+    rt.block_on(c.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+        pod_sandbox_id: sb.clone(),
+    }))
+    .unwrap();
+    env.assert_no_leaks();
+}
+
 /// The start-up probe tries runsc like any handler: its trial sandbox (a real gVisor sandbox
 /// under ptrace, in a network namespace of its own) is created and deleted, so runsc is
 /// offered, and nothing of the trial is left — no runsc process, no state, no dir.

@@ -290,6 +290,7 @@ fn build(
     // the runtime from there.
     let mut config = rec.config.clone();
     let mut staged = Vec::new();
+    let family = rt.handler(&rec.runtime_handler)?.family;
     for (i, m) in config.mounts.iter_mut().enumerate() {
         if m.image.is_some() {
             let at = rec.dir.join("mounts").join(i.to_string());
@@ -299,6 +300,10 @@ fn build(
             continue;
         }
         if !m.recursive_read_only && m.idmap.is_none() {
+            continue;
+        }
+        // The runtime binds it read-only all through by itself (gVisor): no staged copy.
+        if m.idmap.is_none() && family.ro_binds_recursive() {
             continue;
         }
         let other_ns;

@@ -54,6 +54,14 @@ pub trait Family: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
+    /// A read-only bind is read-only all through, submounts included (gVisor's gofer): a
+    /// recursively read-only mount needs no staged copy then. (A staged copy held in the
+    /// node's mount namespace for the container's life would keep the host path's submounts
+    /// busy: the owner could not remove them.)
+    fn ro_binds_recursive(&self) -> bool {
+        false
+    }
+
     /// An exec'd process runs inside the runtime's own sandbox, where a host pid cannot reach
     /// it: `exec --internal-pid-file` records its pid there, and `kill --pid` signals it.
     fn exec_pid_inside(&self) -> bool {

@@ -46,6 +46,10 @@ impl Family for Runsc {
         true
     }
 
+    fn ro_binds_recursive(&self) -> bool {
+        true
+    }
+
     /// gVisor's capability table ends at `CAP_AUDIT_READ` (37) in the releases Debian ships
     /// (20221219): `CAP_PERFMON`, `CAP_BPF` and `CAP_CHECKPOINT_RESTORE` are refused as
     /// unknown ("unknown capability"), so a container asking for ALL could not start.
@@ -111,7 +115,7 @@ fn has_flag(runsc: &Path, name: &str) -> bool {
         String::from_utf8_lossy(&o.stdout)
             .lines()
             .chain(String::from_utf8_lossy(&o.stderr).lines())
-            .any(|l| l.trim_start().split_whitespace().next() == Some(&format!("-{name}")))
+            .any(|l| l.split_whitespace().next() == Some(&format!("-{name}")))
     })
 }
 
