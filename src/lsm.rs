@@ -53,9 +53,7 @@ pub fn apparmor_profile(a: &AppArmor, field: &str) -> Result<Option<String>> {
             Ok(None)
         }
         AppArmor::Localhost(name) => {
-            // kubelet's references read `localhost/NAME`; the profile is NAME (as the peers
-            // strip it).
-            let name = &name.strip_prefix("localhost/").unwrap_or(name).to_string();
+            let name = profile_name(name);
             if name.is_empty() || name.len() > 255 || name.contains(['\n', '\0']) {
                 return Err(Error::InvalidArgument(format!(
                     "{field}: {name:?} is not a profile name"
@@ -71,9 +69,15 @@ pub fn apparmor_profile(a: &AppArmor, field: &str) -> Result<Option<String>> {
                     "{field}: AppArmor profile {name:?} is not loaded on this node"
                 )));
             }
-            Ok(Some(name.clone()))
+            Ok(Some(name.to_string()))
         }
     }
+}
+
+/// The AppArmor profile a `Localhost` reference names: kubelet's references read
+/// `localhost/NAME`, and the profile is NAME (the peers strip the prefix too).
+fn profile_name(reference: &str) -> &str {
+    reference.strip_prefix("localhost/").unwrap_or(reference)
 }
 
 /// `user:role:type:level` from CRI `SELinuxOption` fields (all empty = none); ignored (logged
@@ -111,4 +115,17 @@ pub fn selinux_label(fields: [&str; 4], field: &str) -> Result<Option<String>> {
         )));
     }
     Ok(Some(fields.join(":")))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn localhost_references_name_the_profile() {
+        assert_eq!(
+            super::profile_name("localhost/cri-test-deny"),
+            "cri-test-deny"
+        );
+        assert_eq!(super::profile_name("cri-test-deny"), "cri-test-deny");
+        assert_eq!(super::profile_name("localhost/"), "");
+    }
 }

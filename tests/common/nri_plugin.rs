@@ -34,8 +34,8 @@ pub struct Behavior {
 #[derive(Default)]
 struct State {
     events: Vec<String>,
-    /// Per state-change event: `EVENT NAME netns=PATH adjusted=BOOL` (the pod's network
-    /// namespace path, and whether the container's env shows `NRI_ADJUSTED`).
+    /// Per state-change event: `EVENT NAME netns=PATH adjusted=BOOL pod=ID` (the pod's network
+    /// namespace path, whether the container's env shows `NRI_ADJUSTED`, the pod's id).
     details: Vec<String>,
     synced: Option<(Vec<String>, Vec<String>)>,
     fails_left: usize,
@@ -222,8 +222,9 @@ impl sandboxd_nri_api::PluginService for Handler {
             .container
             .as_ref()
             .is_some_and(|c| c.env.iter().any(|e| e.starts_with("NRI_ADJUSTED=")));
+        let pod_id = req.pod.as_ref().map(|p| p.id.clone()).unwrap_or_default();
         self.state.lock().unwrap().details.push(format!(
-            "{event} {} netns={netns} adjusted={adjusted}",
+            "{event} {} netns={netns} adjusted={adjusted} pod={pod_id}",
             names(&req.pod, &req.container)
         ));
         self.on(event, &names(&req.pod, &req.container)).await?;
