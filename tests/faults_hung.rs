@@ -86,42 +86,16 @@ printf '%s' \"$input\" | /usr/lib/cni/portmap
 /// (Reliability item: hung OCI runtime.)
 #[test]
 fn a_hung_runtime_leaves_nothing_running() {
-    const IMAGE: &str = "sandboxd.test/busybox:hang";
     let mut env = Env::new("faults-hungrt");
     let wrapper = env.base.join("bin/hanging-runtime");
-    std::fs::write(
+    env.cfg.runtime_timeout = std::time::Duration::from_secs(3);
+    let (rt, sb, ctr) = wrapped_runtime_pod(
+        &mut env,
+        "hang",
         &wrapper,
         "#!/bin/sh\nfor a in \"$@\"; do\n  if [ \"$a\" = create ]; then sleep 6281 & sleep 6282; exit 1; fi\ndone\nexec /usr/sbin/runc \"$@\"\n",
-    )
-    .unwrap();
-    sh(&format!("chmod 755 {}", wrapper.display()));
-    env.cfg.runtimes.insert(
-        "hang".into(),
-        RuntimeHandler {
-            path: wrapper.clone(),
-            root: None,
-            family: None,
-            needs_sandbox_process: false,
-            runtime_args: Vec::new(),
-        },
+        &["sleep", "100"],
     );
-    env.cfg.runtime_timeout = std::time::Duration::from_secs(3);
-    let rt = env.runtime();
-    rt.images()
-        .import(&busybox::oci_layout(&env.base, IMAGE), None)
-        .unwrap();
-    let mut pod = env.pod("hungrt", false);
-    pod.runtime_handler = "hang".into();
-    let sb = rt.run_pod_sandbox(&pod).unwrap();
-    let ctr = sandboxd::ContainerConfig {
-        metadata: sandboxd::ContainerMetadata {
-            name: "c".into(),
-            attempt: 0,
-        },
-        image: IMAGE.into(),
-        command: vec!["sleep".into(), "100".into()],
-        ..Default::default()
-    };
     let t = std::time::Instant::now();
     let e = rt.create_container(&sb, &ctr).unwrap_err().to_string();
     assert!(
@@ -313,10 +287,11 @@ fn a_full_state_disk_rolls_back_and_starts() {
 /// hands runc's pid file over 2 s late.
 #[test]
 fn a_timed_out_exec_is_killed_even_before_its_pid_is_recorded() {
-    const IMAGE: &str = "sandboxd.test/busybox:slowexec";
     let mut env = Env::new("faults-slowexec");
     let wrapper = env.base.join("bin/slow-exec-runtime");
-    std::fs::write(
+    let (rt, sb, ctr) = wrapped_runtime_pod(
+        &mut env,
+        "slowexec",
         &wrapper,
         r#"#!/bin/sh
 case " $* " in *" exec "*) ;; *) exec /usr/sbin/runc "$@" ;; esac
@@ -330,35 +305,8 @@ shift $n
 sleep 2
 mv "$pf.late" "$pf"
 "#,
-    )
-    .unwrap();
-    sh(&format!("chmod 755 {}", wrapper.display()));
-    env.cfg.runtimes.insert(
-        "slowexec".into(),
-        RuntimeHandler {
-            path: wrapper.clone(),
-            root: None,
-            family: Some("runc".into()),
-            needs_sandbox_process: false,
-            runtime_args: Vec::new(),
-        },
+        &["sleep", "1000"],
     );
-    let rt = env.runtime();
-    rt.images()
-        .import(&busybox::oci_layout(&env.base, IMAGE), None)
-        .unwrap();
-    let mut pod = env.pod("slowexec", false);
-    pod.runtime_handler = "slowexec".into();
-    let sb = rt.run_pod_sandbox(&pod).unwrap();
-    let ctr = sandboxd::ContainerConfig {
-        metadata: sandboxd::ContainerMetadata {
-            name: "c".into(),
-            attempt: 0,
-        },
-        image: IMAGE.into(),
-        command: vec!["sleep".into(), "1000".into()],
-        ..Default::default()
-    };
     let id = rt.create_container(&sb, &ctr).unwrap();
     rt.start_container(&id).unwrap();
     let e = rt
@@ -376,4 +324,45 @@ mv "$pf.late" "$pf"
     );
     rt.remove_pod_sandbox(&sb).unwrap();
     env.assert_no_leaks();
+}
+
+/// A runtime handler `handler`: `wrapper` (written from `script`, runc-like), the test's busybox image and
+/// a pod of that handler; the container config to create in it runs `cmd`.
+fn wrapped_runtime_pod(
+    env: &mut Env,
+    handler: &str,
+    wrapper: &std::path::Path,
+    script: &str,
+    cmd: &[&str],
+) -> (Runtime, String, sandboxd::ContainerConfig) {
+    const IMAGE: &str = "sandboxd.test/busybox:wrapped";
+    std::fs::write(wrapper, script).unwrap();
+    sh(&format!("chmod 755 {}", wrapper.display()));
+    env.cfg.runtimes.insert(
+        handler.into(),
+        RuntimeHandler {
+            path: wrapper.to_path_buf(),
+            root: None,
+            family: Some("runc".into()),
+            needs_sandbox_process: false,
+            runtime_args: Vec::new(),
+        },
+    );
+    let rt = env.runtime();
+    rt.images()
+        .import(&busybox::oci_layout(&env.base, IMAGE), None)
+        .unwrap();
+    let mut pod = env.pod(handler, false);
+    pod.runtime_handler = handler.into();
+    let sb = rt.run_pod_sandbox(&pod).unwrap();
+    let ctr = sandboxd::ContainerConfig {
+        metadata: sandboxd::ContainerMetadata {
+            name: "c".into(),
+            attempt: 0,
+        },
+        image: IMAGE.into(),
+        command: cmd.iter().map(|c| c.to_string()).collect(),
+        ..Default::default()
+    };
+    (rt, sb, ctr)
 }
