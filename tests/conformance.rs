@@ -165,7 +165,11 @@ fn mount_propagation_both_ways_one_way_none() {
     own_mount(&slave, "shared");
     own_mount(&private, "private");
     own_mount(&plain, "private");
-    let p = pod("prop", serde_json::json!({}));
+    // Bidirectional propagation needs a privileged container, and so a privileged pod.
+    let p = pod(
+        "prop",
+        serde_json::json!({"linux": {"security_context": {"privileged": true}}}),
+    );
     let sb = run_pod(&rt, &mut c, &p);
     let mounts = serde_json::json!({
         "mounts": [

@@ -72,6 +72,8 @@ struct LinuxJson {
 struct SecJson {
     #[serde(alias = "namespaceOptions")]
     namespace_options: Option<NsJson>,
+    /// A privileged pod (it may hold privileged containers).
+    privileged: bool,
 }
 
 #[derive(Deserialize, Default)]
@@ -188,6 +190,7 @@ pub fn pod_config(json: &[u8]) -> Result<cri::PodSandboxConfig, String> {
                 sysctls: l.sysctls.clone(),
                 security_context: Some(cri::LinuxSandboxSecurityContext {
                     namespace_options: ns,
+                    privileged: l.security_context.as_ref().is_some_and(|s| s.privileged),
                     ..Default::default()
                 }),
                 ..Default::default()
