@@ -1231,15 +1231,7 @@ fn what_the_peers_cri_tests_expect() {
         serde_json::json!({"metadata": {"namespace": "with space"}}),
     );
     let sb = run_pod(&rt, &mut c, &p);
-    let st = rt
-        .block_on(c.pod_sandbox_status(cri::PodSandboxStatusRequest {
-            pod_sandbox_id: sb.clone(),
-            verbose: false,
-        }))
-        .unwrap()
-        .into_inner()
-        .status
-        .unwrap();
+    let st = pod_status(&rt, &mut c, &sb);
     assert_eq!(st.runtime_handler, "", "{st:?}");
     assert_eq!(st.metadata.unwrap().namespace, "with space");
     let id = create(

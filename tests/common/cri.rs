@@ -161,6 +161,18 @@ pub fn image_mount(path: &str, image: &str, sub: &str) -> cri::Mount {
     }
 }
 
+/// `PodSandboxStatus` (not verbose).
+pub fn pod_status(rt: &tokio::runtime::Runtime, c: &mut Client, sb: &str) -> cri::PodSandboxStatus {
+    rt.block_on(c.pod_sandbox_status(cri::PodSandboxStatusRequest {
+        pod_sandbox_id: sb.into(),
+        verbose: false,
+    }))
+    .unwrap()
+    .into_inner()
+    .status
+    .unwrap()
+}
+
 /// `ContainerStatus` (not verbose).
 pub fn container_status(
     rt: &tokio::runtime::Runtime,
