@@ -164,7 +164,7 @@ impl Runtime {
     /// The OCI spec a container was created with (its bundle's `config.json`), for verbose
     /// status; `None` when it cannot be read.
     pub fn container_runtime_spec(&self, r: &ContainerRecord) -> Option<serde_json::Value> {
-        container::status::runtime_spec(r)
+        oci::spec::read_bundle(&r.dir).ok()
     }
 
     /// ListContainers, oldest first.

@@ -163,16 +163,3 @@ pub(crate) fn require(
         Err(Error::FailedPrecondition(msg(&rec)))
     }
 }
-
-/// The OCI spec in the container's bundle (written by us, root's alone; read with a cap all
-/// the same), for verbose ContainerStatus.
-pub(crate) fn runtime_spec(r: &ContainerRecord) -> Option<serde_json::Value> {
-    use std::io::Read;
-    let mut buf = Vec::new();
-    std::fs::File::open(r.dir.join("config.json"))
-        .ok()?
-        .take(16 << 20)
-        .read_to_end(&mut buf)
-        .ok()?;
-    serde_json::from_slice(&buf).ok()
-}

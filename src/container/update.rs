@@ -98,9 +98,10 @@ pub(crate) fn reopen_log(rt: &Runtime, id: &str) -> Result<()> {
     })?;
     let deadline = std::time::Instant::now() + REOPEN_LIMIT;
     loop {
-        if let Some(r) = std::fs::read_to_string(&done)
+        // One short line; read with a cap all the same.
+        if let Some(r) = crate::untrusted_fs::read_file(&done, 4096)
             .ok()
-            .and_then(|t| parse_log_reopen(&t, &token))
+            .and_then(|t| parse_log_reopen(&String::from_utf8_lossy(&t), &token))
         {
             return r.map_err(|why| {
                 Error::step(

@@ -106,20 +106,12 @@ pub(crate) fn container(r: &ContainerRecord) -> api::Container {
 /// `config.json`: args, env, mounts, annotations, rlimits…), with the record's state and
 /// times — so a plugin sees what it set. The record alone while no spec is written yet.
 pub(crate) fn created(r: &ContainerRecord) -> api::Container {
-    use std::io::Read;
-    let mut buf = Vec::new();
-    let spec = std::fs::File::open(r.dir.join("config.json"))
-        .and_then(|f| f.take(16 << 20).read_to_end(&mut buf))
-        .ok()
-        .and_then(|_| serde_json::from_slice::<Value>(&buf).ok());
-    match spec {
-        Some(spec) => {
-            let state = container(r).state;
-            let mut c = creating(r, &spec);
-            c.state = state;
-            c
-        }
-        None => container(r),
+    match crate::oci::spec::read_bundle(&r.dir) {
+        Ok(spec) => api::Container {
+            state: container(r).state,
+            ..creating(r, &spec)
+        },
+        Err(_) => container(r),
     }
 }
 

@@ -551,15 +551,12 @@ fn is_not_running(e: &RuntimeError) -> bool {
 /// The exec'd process: the container's spec's `process` with `cmd` as its args and a
 /// terminal or not.
 fn exec_process(bundle: &Path, cmd: &[String], tty: bool) -> Result<serde_json::Value, String> {
-    let f = bundle.join("config.json");
-    let spec: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&f).map_err(|e| format!("{}: {e}", f.display()))?)
-            .map_err(|e| format!("{}: {e}", f.display()))?;
+    let spec = super::spec::read_bundle(bundle)?;
     let mut p = spec
         .get("process")
         .cloned()
         .filter(serde_json::Value::is_object)
-        .ok_or_else(|| format!("{}: no process", f.display()))?;
+        .ok_or_else(|| format!("{}: no process", bundle.join("config.json").display()))?;
     p["args"] = serde_json::json!(cmd);
     p["terminal"] = serde_json::json!(tty);
     if let Some(o) = p.as_object_mut() {

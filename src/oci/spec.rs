@@ -425,6 +425,18 @@ pub fn clamp_oom_score_adj(wanted: i32) -> i32 {
     wanted.max(own)
 }
 
+/// Most a bundle's config.json is read up to (ours are a few KiB; NRI adjustments are
+/// bounded by the protocol's 4 MiB messages).
+const MAX_BUNDLE_SPEC: u64 = 16 << 20;
+
+/// Reads the OCI spec of the bundle `dir` (`config.json`, as [`save`] wrote it): a regular
+/// file, at most [`MAX_BUNDLE_SPEC`] bytes, opened without blocking.
+pub fn read_bundle(dir: &Path) -> Result<serde_json::Value, String> {
+    let f = dir.join("config.json");
+    let data = crate::untrusted_fs::read_file(&f, MAX_BUNDLE_SPEC).map_err(|e| e.to_string())?;
+    serde_json::from_slice(&data).map_err(|e| format!("{}: {e}", f.display()))
+}
+
 /// Writes a bundle's config.json (compact: the runtime is its only reader).
 pub fn save(spec: &Spec, path: &Path) -> Result<(), HostError> {
     let data = serde_json::to_vec(spec).map_err(|e| HostError::format("OCI spec", e))?;
