@@ -32,17 +32,7 @@ fn counters(rt: &tokio::runtime::Runtime, c: &mut Client, id: &str, iface: &str)
 }
 
 fn pod_ip(rt: &tokio::runtime::Runtime, c: &mut Client, sb: &str) -> String {
-    rt.block_on(c.pod_sandbox_status(cri::PodSandboxStatusRequest {
-        pod_sandbox_id: sb.into(),
-        verbose: false,
-    }))
-    .unwrap()
-    .into_inner()
-    .status
-    .unwrap()
-    .network
-    .unwrap()
-    .ip
+    pod_status(rt, c, sb).network.unwrap().ip
 }
 
 /// A metric's value by name and label values.

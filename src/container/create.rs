@@ -83,7 +83,8 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
     let _pins = rt.images.pin(layers.iter().map(String::as_str));
     check_user_namespace(&sb, config)?;
     let namespaces = namespaces(rt, &sb, config)?;
-    let caps = spec::capabilities(config, last_capability(rt, &sb)?)?;
+    let family = rt.handler(&sb.runtime_handler)?.family;
+    let caps = spec::capabilities(config, family.last_capability())?;
     let seccomp = match &config.security.seccomp {
         _ if config.security.privileged => None,
         Seccomp::Unconfined => None,
@@ -204,11 +205,6 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
     }
 }
 
-/// The highest capability the pod's runtime knows.
-fn last_capability(rt: &Runtime, sb: &SandboxRecord) -> Result<Option<u8>> {
-    Ok(rt.handler(&sb.runtime_handler)?.family.last_capability())
-}
-
 #[allow(clippy::too_many_arguments)] // the create's validated parts, each used once
 fn build(
     rt: &Runtime,
@@ -290,7 +286,8 @@ fn build(
     // the runtime from there.
     let mut config = rec.config.clone();
     let mut staged = Vec::new();
-    let family = rt.handler(&rec.runtime_handler)?.family;
+    let runtime = rt.handler(&rec.runtime_handler)?;
+    let family = runtime.family;
     for (i, m) in config.mounts.iter_mut().enumerate() {
         if m.image.is_some() {
             let at = rec.dir.join("mounts").join(i.to_string());
@@ -352,7 +349,7 @@ fn build(
         apparmor,
         selinux_label,
         id_map: sb.config.user_namespace.as_ref(),
-        last_capability: last_capability(rt, sb)?,
+        last_capability: family.last_capability(),
         sysctls: sb
             .config
             .sysctls
@@ -395,7 +392,6 @@ fn build(
             })?;
         }
     }
-    let runtime = rt.handler(&rec.runtime_handler)?;
     let files = rec.files();
     let pid = rt
         .host
@@ -407,7 +403,7 @@ fn build(
     // (unmount, then rmdir) would fail with EBUSY while the container exists. A handler with
     // a sandbox process of its own (gVisor's gofer, a VM's file server) reads them by path
     // for as long as the container lives: those stay, and go with the container dir.
-    let serves_by_path = !runtime.family.node_kernel();
+    let serves_by_path = !family.node_kernel();
     for at in staged.iter().filter(|_| !serves_by_path) {
         if let Err(e) = rt.host.unmount_all(at) {
             tracing::warn!(container_id = %id, path = %at.display(), error = %e,
