@@ -34,6 +34,7 @@ pub(crate) fn resolve(images: &ImageStore, mounts: &mut [BindMount]) -> Result<V
         })?;
         v.image_ref = img.id.clone();
         v.layers = img.layers.clone();
+        v.artifact = img.artifact;
         layers.extend(img.layers);
     }
     Ok(layers)
@@ -54,7 +55,7 @@ pub(crate) fn stage(
         .layers
         .iter()
         .rev()
-        .map(|l| images.layer_dir(l))
+        .map(|l| images.content_dir(l, v.artifact))
         .collect::<Result<Vec<_>>>()?;
     let scratch = at.with_extension("image");
     mount(id, &lower, &scratch, at, &v.sub_path, idmap)?;

@@ -480,7 +480,7 @@ fn add_image(
     }
     store.register(NewImage {
         artifact: false,
-        config_digest,
+        id: config_digest,
         parsed,
         size,
         blobs,

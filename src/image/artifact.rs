@@ -1,6 +1,9 @@
 //! OCI artifacts that are no runnable image (KEP-4639 image volumes of a model's files): a
 //! manifest with an `artifactType` or a config that is not an image config. Each layer is kept
-//! as it came, verified as it streams, as the one file of its layer dir, named by its title.
+//! as it came, verified as it streams, as the one file of its dir under `artifacts/`, named by
+//! its title. That namespace is the artifacts' own: an artifact's blob that happens to be some
+//! image layer's tar never stands in for that layer (`layers/` holds only what was unpacked and
+//! verified as its diff id), and the same blob under two titles is two files.
 
 use std::io::Read;
 
@@ -34,16 +37,23 @@ pub(super) fn file_name(layer: &Value, digest: &str) -> String {
     }
 }
 
+/// The key an artifact's layer is stored and referenced by: a digest of its blob's digest and
+/// its file name, in a domain of its own (it is never a diff id of any image layer).
+pub(super) fn layer_key(blob_digest: &str, name: &str) -> String {
+    super::store::sha256_of(format!("sandboxd artifact layer\0{blob_digest}\0{name}").as_bytes())
+}
+
 impl ImageStore {
-    /// Stores an artifact's layer (`raw`, verified against `digest` by the caller as it
-    /// streams) as a dir holding the one file `name`, at most the per-layer byte limit.
+    /// Stores an artifact's layer (`raw`, verified against its blob digest by the caller as it
+    /// streams) as `artifacts/<key>` holding the one file `name`, at most the per-layer byte
+    /// limit.
     pub fn put_file_layer(
         &self,
-        digest: &str,
+        key: &str,
         name: &str,
         raw: Box<dyn Read + '_>,
     ) -> Result<unpack::Applied> {
-        let dest = self.layer_dir(digest)?;
+        let dest = self.artifact_dir(key)?;
         let tmp = self.temp_dir("layer")?;
         let result = (|| {
             let path = tmp.join(name);
@@ -53,7 +63,7 @@ impl ImageStore {
                 .map_err(|e| herr(HostError::io("write", &path, e)))?;
             if n > max {
                 return Err(bad(&format!(
-                    "artifact layer {digest} is over the {max}-byte layer limit"
+                    "artifact layer {name} is over the {max}-byte layer limit"
                 )));
             }
             f.sync_all()

@@ -269,10 +269,13 @@ async fn pull_from(
     let config_bytes = reg
         .blob_bytes(&config_digest, MAX_DOCUMENT as usize)
         .await?;
-    // An artifact's config says nothing we run; its layers are named by their digests.
+    // An artifact's config says nothing we run; its layers are keyed by digest and file name.
     let parsed = match artifact {
         true => super::store::ParsedConfig {
-            diff_ids: layers.iter().map(|l| l.digest.clone()).collect(),
+            diff_ids: layers
+                .iter()
+                .map(|l| super::artifact::layer_key(&l.digest, l.file.as_deref().unwrap_or("")))
+                .collect(),
             exec: Default::default(),
         },
         false => parse_config(&config_bytes)?,
@@ -296,7 +299,11 @@ async fn pull_from(
         blobs.push(manifest_digest.clone());
     }
     size += layers.iter().map(|l| l.size).sum::<u64>();
-    let present: Vec<bool> = parsed.diff_ids.iter().map(|d| store.has_layer(d)).collect();
+    let present: Vec<bool> = parsed
+        .diff_ids
+        .iter()
+        .map(|d| store.has_content(d, artifact))
+        .collect();
     let trackers = progress.set_layers(
         layers
             .iter()
@@ -356,9 +363,14 @@ async fn pull_from(
             blobs.push(kept);
         }
     }
+    // Artifacts commonly share one empty config: theirs is no identity.
+    let id = match artifact {
+        true => manifest_digest.clone(),
+        false => config_digest.clone(),
+    };
     let repo_digest = list_digest.unwrap_or(manifest_digest);
     let rec = store.register(NewImage {
-        config_digest: &config_digest,
+        id: &id,
         parsed,
         size,
         blobs,
@@ -380,7 +392,7 @@ async fn fetch_once(
     progress: &Arc<LayerProgress>,
 ) -> std::result::Result<Option<String>, PullError> {
     loop {
-        if store.has_layer(diff_id) {
+        if store.has_content(diff_id, l.file.is_some()) {
             // Committed by another pull: its kept blob counts for this image only if it is
             // this manifest's blob (the same layer may come compressed another way).
             let kept =

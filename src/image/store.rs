@@ -1,7 +1,9 @@
 //! The image store under `<root>/images`: content-addressed blobs (sha256 verified before they
 //! are kept), unpacked layers (one overlay lowerdir per diff id, shared by every image and
-//! pull that has it), and `images.json` (image id → tags, repo digests, layers, the blobs it
-//! holds, exec config). The index is re-read on every call and updated under a file lock, so
+//! pull that has it), OCI artifacts' files (`artifacts/`, a namespace of their own: an
+//! artifact's bytes never stand in for an image's layer), and `images.json` (image id → tags,
+//! repo digests, layers, the blobs it holds, exec config). An image's id is its config digest;
+//! an artifact's is its manifest digest (artifacts commonly share one empty config). The index is re-read on every call and updated under a file lock, so
 //! a local `sandboxctl images import` and the daemon share it safely.
 //!
 //! Nothing is half-made: a layer is unpacked into a private temp dir and renamed into place
@@ -46,13 +48,14 @@ pub struct ExecConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ImageRecord {
-    /// `sha256:<config digest>`.
+    /// `sha256:<config digest>` of an image; `sha256:<manifest digest>` of an artifact.
     pub id: String,
     pub repo_tags: Vec<String>,
     pub repo_digests: Vec<String>,
     /// Sum of the config and (compressed) layer sizes.
     pub size: u64,
-    /// Diff ids, bottom layer first.
+    /// Diff ids, bottom layer first (an artifact's: the keys of its files under
+    /// `artifacts/`, see [`super::artifact::layer_key`]).
     pub layers: Vec<String>,
     pub config: ExecConfig,
     /// Digests of the blobs this image holds in the store (its config, its manifest, its
@@ -202,7 +205,8 @@ pub(crate) fn parse_config(config_bytes: &[u8]) -> Result<ParsedConfig> {
 
 /// What a new image is made of, for [`ImageStore::register`].
 pub(crate) struct NewImage<'a> {
-    pub config_digest: &'a str,
+    /// The image's id: its config digest, or an artifact's manifest digest.
+    pub id: &'a str,
     pub parsed: ParsedConfig,
     pub size: u64,
     pub blobs: Vec<String>,
@@ -217,21 +221,64 @@ impl ImageStore {
     }
 
     pub fn with_config(dir: PathBuf, cfg: StoreConfig) -> Result<Self> {
-        for d in ["", "blobs", "blobs/sha256", "layers", "tmp"] {
+        for d in ["", "blobs", "blobs/sha256", "layers", "artifacts", "tmp"] {
             let p = dir.join(d);
             crate::state::files::private_dir_all(&p).map_err(herr)?;
             crate::state::files::restrict_dir(&p).map_err(herr)?;
         }
         let permits = (cfg.range_buffer_bytes / RANGE_PERMIT_BYTES)
             .min(tokio::sync::Semaphore::MAX_PERMITS as u64) as usize;
-        Ok(ImageStore {
+        let store = ImageStore {
             dir,
             cfg,
             pins: Arc::default(),
             pulls: Arc::default(),
             in_flight: Default::default(),
             range_budget: Arc::new(tokio::sync::Semaphore::new(permits)),
-        })
+        };
+        store.drop_shared_artifacts()?;
+        Ok(store)
+    }
+
+    /// Stores made before artifacts had a namespace of their own kept an artifact's files in
+    /// `layers/<blob digest>`, where an image's layer of that diff id would be found, and keyed
+    /// the artifact by its config: such artifact records are dropped, with every image that
+    /// lists one of their layer dirs, and those dirs are moved out of `layers/` (into `tmp/`,
+    /// collected by age) so that nothing unverified is ever stacked as an image's layer.
+    /// Kubelet pulls what it still needs again.
+    fn drop_shared_artifacts(&self) -> Result<()> {
+        if !self.dir.join("images.json").exists() {
+            return Ok(());
+        }
+        let tainted = self.with_index(|ix| {
+            let tainted: HashSet<String> = ix
+                .images
+                .values()
+                .filter(|i| i.artifact && !i.layers.iter().all(|l| self.has_artifact_layer(l)))
+                .flat_map(|i| i.layers.iter().cloned())
+                .collect();
+            ix.images.retain(|id, i| {
+                let keep = !i.layers.iter().any(|l| tainted.contains(l));
+                if !keep {
+                    tracing::warn!(image = %id, tags = ?i.repo_tags, "dropped an image recorded by an earlier version that stored artifacts among image layers: pull it again");
+                }
+                keep
+            });
+            Ok(tainted)
+        })?;
+        for l in &tainted {
+            let Ok(d) = self.layer_dir(l) else { continue };
+            if d.is_dir() {
+                let to = self
+                    .dir
+                    .join("tmp")
+                    .join(format!("tainted-{}", digest_hex(l)?));
+                if let Err(e) = std::fs::rename(&d, &to) {
+                    tracing::warn!(layer = %d.display(), error = %e, "cannot move a layer dir an artifact shared out of the way");
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Limits for unpacking one layer.
@@ -268,6 +315,30 @@ impl ImageStore {
     /// Is the layer unpacked already (by any image, any earlier pull)?
     pub fn has_layer(&self, diff_id: &str) -> bool {
         self.layer_dir(diff_id).is_ok_and(|d| d.is_dir())
+    }
+
+    /// The dir of an artifact's file (named by [`super::artifact::layer_key`]).
+    pub fn artifact_dir(&self, key: &str) -> Result<PathBuf> {
+        Ok(self.dir.join("artifacts").join(digest_hex(key)?))
+    }
+
+    /// Is this artifact file stored already?
+    pub fn has_artifact_layer(&self, key: &str) -> bool {
+        self.artifact_dir(key).is_ok_and(|d| d.is_dir())
+    }
+
+    /// A layer's dir in the namespace of its kind: an image's unpacked layer, or an
+    /// artifact's file.
+    pub fn content_dir(&self, key: &str, artifact: bool) -> Result<PathBuf> {
+        match artifact {
+            true => self.artifact_dir(key),
+            false => self.layer_dir(key),
+        }
+    }
+
+    /// Is this layer (of an image or of an artifact) stored already?
+    pub fn has_content(&self, key: &str, artifact: bool) -> bool {
+        self.content_dir(key, artifact).is_ok_and(|d| d.is_dir())
     }
 
     /// A fresh private dir under `tmp/` (`what-<random>`).
@@ -470,12 +541,16 @@ impl ImageStore {
             .chain(pins.keys().map(String::as_str))
             .filter_map(|d| d.strip_prefix("sha256:"))
             .collect();
-        let layers = self.dir.join("layers");
         let blobs = self.dir.join("blobs/sha256");
-        let mut out: Vec<PathBuf> = crate::state::list_dir(&layers)
+        let mut out: Vec<PathBuf> = ["layers", "artifacts"]
             .into_iter()
-            .filter(|n| !keep_layers.contains(n.as_str()))
-            .map(|n| layers.join(n))
+            .flat_map(|d| {
+                let dir = self.dir.join(d);
+                crate::state::list_dir(&dir)
+                    .into_iter()
+                    .filter(|n| !keep_layers.contains(n.as_str()))
+                    .map(move |n| dir.join(n))
+            })
             .collect();
         out.extend(
             crate::state::list_dir(&blobs)
@@ -491,9 +566,9 @@ impl ImageStore {
     pub fn collect(&self, in_use: &HashSet<String>) -> Result<(u64, u64)> {
         let _lock = self.lock_index()?;
         let (mut layers, mut blobs) = (0, 0);
-        let layer_dir = self.dir.join("layers");
+        let dirs = [self.dir.join("layers"), self.dir.join("artifacts")];
         for p in self.unused_locked(in_use) {
-            if p.parent() == Some(layer_dir.as_path()) {
+            if dirs.iter().any(|d| p.parent() == Some(d.as_path())) {
                 match std::fs::remove_dir_all(&p) {
                     Ok(()) => layers += 1,
                     Err(e) => {
@@ -553,13 +628,25 @@ impl ImageStore {
     /// Records an image whose layers are all unpacked already.
     pub(crate) fn register(&self, n: NewImage) -> Result<ImageRecord> {
         for l in &n.parsed.diff_ids {
-            if !self.has_layer(l) {
+            if !self.has_content(l, n.artifact) {
                 return Err(bad(&format!("layer {l} is not unpacked")));
             }
         }
         let tag = n.tag.map(Reference::parse).transpose()?;
-        let id = n.config_digest.to_string();
+        let id = n.id.to_string();
         self.with_index(|ix| {
+            // An image's config digest and an artifact's manifest digest name different
+            // things: bytes that are both never merge the two records.
+            if ix.images.get(&id).is_some_and(|i| i.artifact != n.artifact) {
+                return Err(Error::InvalidArgument(format!(
+                    "{id} is stored already as {}",
+                    if n.artifact {
+                        "an image"
+                    } else {
+                        "an artifact"
+                    }
+                )));
+            }
             if let Some(t) = &tag {
                 // A tag names one image: move it.
                 for other in ix.images.values_mut() {
@@ -592,5 +679,50 @@ impl ImageStore {
             }
             Ok(rec.clone())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store from before artifacts had their own namespace: the artifact record, and the
+    /// image that stacked the layer dir the artifact wrote, are dropped at open and the dir
+    /// leaves `layers/`; an unrelated image stays.
+    #[test]
+    fn artifacts_stored_among_image_layers_are_dropped_at_open() {
+        let dir =
+            std::env::temp_dir().join(format!("sandboxd-store-{}", crate::validate::new_id()));
+        let store = ImageStore::new(dir.clone()).unwrap();
+        let (shared, other) = (
+            format!("sha256:{}", "a".repeat(64)),
+            format!("sha256:{}", "b".repeat(64)),
+        );
+        for l in [&shared, &other] {
+            std::fs::create_dir_all(store.layer_dir(l).unwrap()).unwrap();
+        }
+        let rec = |id: char, layers: &[&String], artifact| ImageRecord {
+            id: format!("sha256:{}", id.to_string().repeat(64)),
+            layers: layers.iter().map(|s| s.to_string()).collect(),
+            artifact,
+            ..Default::default()
+        };
+        store
+            .with_index(|ix| {
+                for r in [
+                    rec('1', &[&shared], true),
+                    rec('2', &[&other, &shared], false),
+                    rec('3', &[&other], false),
+                ] {
+                    ix.images.insert(r.id.clone(), r);
+                }
+                Ok(())
+            })
+            .unwrap();
+        let store = ImageStore::new(dir.clone()).unwrap();
+        let left: Vec<String> = store.list().into_iter().map(|i| i.id).collect();
+        assert_eq!(left, vec![format!("sha256:{}", "3".repeat(64))]);
+        assert!(!store.has_layer(&shared) && store.has_layer(&other));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

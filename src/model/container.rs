@@ -71,6 +71,8 @@ pub struct ImageVolume {
     pub image_ref: String,
     /// Its layers (diff ids, bottom first), resolved at create: kept while the container exists.
     pub layers: Vec<String>,
+    /// An OCI artifact's files (in the store's artifact namespace), not an image's layers.
+    pub artifact: bool,
 }
 
 /// CRI `SupplementalGroupsPolicy`.

@@ -23,7 +23,7 @@ fn image(h: &Harness) {
     );
     h.rt.images
         .register(NewImage {
-            config_digest: &format!("sha256:{}", "2".repeat(64)),
+            id: &format!("sha256:{}", "2".repeat(64)),
             parsed: parse_config(config.as_bytes()).unwrap(),
             size: 0,
             blobs: Vec::new(),
