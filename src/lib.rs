@@ -110,6 +110,12 @@ impl Runtime {
             .start(Arc::new(container::nri::Domain(Arc::downgrade(self))))
     }
 
+    /// At shutdown: removes the NRI socket (if it is still the one we bound) and the dirs
+    /// made for it; a daemon that is gone leaves no socket plugins would connect to in vain.
+    pub fn stop_nri(&self) {
+        self.nri.stop_listening();
+    }
+
     /// RunPodSandbox: returns the new (or, for a retried request, the existing) sandbox id.
     pub fn run_pod_sandbox(&self, config: &PodSandboxConfig) -> Result<String> {
         sandbox::run::run(self, config)

@@ -273,6 +273,7 @@ pub async fn serve(
         )
         .await;
     audit.abort();
+    rt.stop_nri();
     // A trial container half-made when the process exits would outlive it.
     let _ = tokio::task::spawn_blocking(move || rt.stop_probe(std::time::Duration::from_secs(10)))
         .await;

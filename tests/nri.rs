@@ -586,3 +586,70 @@ fn a_plugin_reconnecting_with_its_name_and_index_replaces_the_old_one() {
     remove_pod(&rt, &mut c, &sb);
     env.assert_no_leaks();
 }
+
+/// The NRI socket's dir (issue 36): one that exists is the host's and keeps its mode (a
+/// socket directly under a 0755 dir such as `/run` left it 0755); one others can write in is
+/// refused (NRI off, the CRI served, the dir untouched); dirs the daemon makes are 0700 and
+/// go with the socket at a clean shutdown, which leaves no socket behind.
+#[test]
+fn the_sockets_dir_is_never_chmodded_and_the_socket_goes_at_shutdown() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new("nri-sockdir");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    let host = env.base.join("host-run");
+    std::fs::create_dir(&host).unwrap();
+    std::fs::set_permissions(&host, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let open = env.base.join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let cases = [
+        (host.join("nri.sock"), true),
+        (open.join("nri.sock"), false),
+        (env.base.join("made/by/us/nri.sock"), true),
+    ];
+    for (sock, serves) in cases {
+        let mut cfg = env.cfg.clone();
+        cfg.nri.socket_path = sock.clone();
+        let mut d = daemon::Daemon::start_with(&env, &cfg);
+        let rt = daemon::rt();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while serves && !sock.exists() {
+            assert!(Instant::now() < deadline, "no socket at {}", sock.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if serves {
+            assert_eq!(mode(&sock), 0o600);
+            assert_eq!(
+                mode(sock.parent().unwrap()),
+                if sock.starts_with(&host) {
+                    0o755
+                } else {
+                    0o700
+                }
+            );
+            let plugin = TestPlugin::connect(&sock, behavior("10", "here"));
+            drop(plugin);
+        } else {
+            // The CRI is served; NRI is not, and says why in the log.
+            let mut client = rt.block_on(daemon::client(&d.socket));
+            rt.block_on(client.version(cri::VersionRequest::default()))
+                .unwrap();
+            assert!(!sock.exists());
+            let log = std::fs::read_to_string(&d.log).unwrap();
+            assert!(log.contains("writable by others than root"), "{log}");
+        }
+        assert_eq!(d.sigterm().code(), Some(0));
+        assert!(
+            !sock.exists(),
+            "{} left after a clean shutdown",
+            sock.display()
+        );
+        assert_eq!(mode(&host), 0o755);
+        assert_eq!(mode(&open), 0o1777);
+        assert!(
+            !env.base.join("made").exists(),
+            "the dirs made for the socket stay"
+        );
+    }
+    env.assert_no_leaks();
+}

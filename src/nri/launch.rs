@@ -153,23 +153,98 @@ pub(crate) fn start(
     ))
 }
 
-/// The socket external plugins connect to: its dir made 0700 (only root connects), a stale
-/// socket replaced.
-pub(crate) fn listen(path: &Path) -> Result<tokio::net::UnixListener> {
+/// The socket file we bound, and the dirs we made for it: removed at shutdown if they are
+/// still ours (another daemon may have replaced the socket meanwhile).
+#[derive(Debug)]
+pub(crate) struct Bound {
+    path: PathBuf,
+    dev_ino: (u64, u64),
+    /// Made by us, deepest first.
+    made: Vec<PathBuf>,
+}
+
+impl Bound {
+    /// Removes the socket if it is still the one we bound, then the dirs we made if empty.
+    pub(crate) fn remove(&self) {
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.dev_ino) {
+            if let Err(e) = std::fs::remove_file(&self.path) {
+                tracing::warn!(socket = %self.path.display(), error = %e, "cannot remove the NRI socket");
+            }
+        }
+        for d in &self.made {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// The socket external plugins connect to, a stale socket replaced. Only root may connect:
+/// the dirs it lacks are made 0700; a dir that exists keeps its mode and owner (it is the
+/// host's, `/run` say), and is refused when others could write in it (they could replace
+/// the socket with their own).
+pub(crate) fn listen(path: &Path) -> Result<(tokio::net::UnixListener, Bound)> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let err = |e: std::io::Error| Error::Config(format!("NRI socket {}: {e}", path.display()));
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(err)?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)?;
+    let mut made = Vec::new();
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let missing: Vec<&Path> = dir
+            .ancestors()
+            .take_while(|a| !a.as_os_str().is_empty() && std::fs::symlink_metadata(a).is_err())
+            .collect();
+        for d in missing.iter().rev() {
+            match std::fs::DirBuilder::new().mode(0o700).create(d) {
+                Ok(()) => made.insert(0, d.to_path_buf()),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(err(e)),
+            }
+        }
+        let m = std::fs::metadata(dir).map_err(err)?;
+        if !m.is_dir() {
+            return Err(Error::Config(format!(
+                "NRI socket {}: {} is no directory",
+                path.display(),
+                dir.display()
+            )));
+        }
+        if m.uid() != 0 || m.mode() & 0o022 != 0 {
+            return Err(Error::Config(format!(
+                "NRI socket {}: its dir {} (mode {:o}, owner uid {}) is writable by others than root, who could replace the socket; name a socket_path in a root-only dir",
+                path.display(),
+                dir.display(),
+                m.mode() & 0o7777,
+                m.uid()
+            )));
+        }
     }
-    if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        return Err(Error::Config(format!(
-            "NRI socket {}: another runtime serves it (set [nri] socket_path or disable_connections)",
-            path.display()
-        )));
+    let bound = (|| {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(Error::Config(format!(
+                "NRI socket {}: another runtime serves it (set [nri] socket_path or disable_connections)",
+                path.display()
+            )));
+        }
+        let _ = std::fs::remove_file(path);
+        let l = std::os::unix::net::UnixListener::bind(path).map_err(err)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+        l.set_nonblocking(true).map_err(err)?;
+        let m = std::fs::symlink_metadata(path).map_err(err)?;
+        let l = tokio::net::UnixListener::from_std(l).map_err(err)?;
+        Ok((l, (m.dev(), m.ino())))
+    })();
+    match bound {
+        Ok((l, dev_ino)) => Ok((
+            l,
+            Bound {
+                path: path.to_path_buf(),
+                dev_ino,
+                made,
+            },
+        )),
+        Err(e) => {
+            for d in &made {
+                let _ = std::fs::remove_dir(d);
+            }
+            Err(e)
+        }
     }
-    let _ = std::fs::remove_file(path);
-    let l = std::os::unix::net::UnixListener::bind(path).map_err(err)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
-    l.set_nonblocking(true).map_err(err)?;
-    tokio::net::UnixListener::from_std(l).map_err(err)
 }

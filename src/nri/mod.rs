@@ -74,6 +74,8 @@ struct Shared {
     /// Containers whose StopContainer event went out (it goes out once).
     stopped: Mutex<HashSet<String>>,
     updates: std::sync::OnceLock<Arc<dyn Updates>>,
+    /// The socket we listen on, removed at shutdown.
+    bound: Mutex<Option<launch::Bound>>,
 }
 
 /// The NRI adaptation of one runtime.
@@ -84,6 +86,7 @@ pub(crate) struct Nri {
 
 impl Drop for Nri {
     fn drop(&mut self) {
+        self.stop_listening();
         // Closes every plugin's socket (and kills those we started) without waiting.
         for p in crate::state::lock(&self.shared.plugins).drain(..) {
             p.close("the runtime is shutting down");
@@ -118,6 +121,7 @@ impl Nri {
                 hidden: Mutex::new(HashSet::new()),
                 stopped: Mutex::new(HashSet::new()),
                 updates: std::sync::OnceLock::new(),
+                bound: Mutex::new(None),
             }),
             tokio,
         })
@@ -145,10 +149,19 @@ impl Nri {
             });
         }
         if !shared.cfg.disable_connections {
-            let listener = launch::listen(&shared.cfg.socket_path)?;
+            let (listener, bound) = launch::listen(&shared.cfg.socket_path)?;
+            *crate::state::lock(&shared.bound) = Some(bound);
             t.spawn(join::accept(shared, listener));
         }
         Ok(())
+    }
+
+    /// At shutdown: the socket file (if still ours) and the dirs made for it go; connected
+    /// plugins stay connected until the runtime is dropped.
+    pub(crate) fn stop_listening(&self) {
+        if let Some(b) = crate::state::lock(&self.shared.bound).take() {
+            b.remove();
+        }
     }
 
     /// The connected plugins, in the order they are called.
