@@ -298,6 +298,9 @@ fn find(rt: &Runtime, kind: Kind) -> Vec<Orphan> {
     };
     let owners = Owners::read(rt);
     let mut orphans: Vec<Orphan> = listed.into_iter().filter(|o| !owners.owns(o)).collect();
+    if kind == Kind::RuntimeContainer {
+        orphans.retain(|o| runtime_container_is_ours(rt, o));
+    }
     if kind == Kind::Mount {
         // Innermost first, so each unmount finds its mount point.
         orphans.sort_by_key(|o| std::cmp::Reverse(o.path.components().count()));
@@ -305,35 +308,42 @@ fn find(rt: &Runtime, kind: Kind) -> Vec<Orphan> {
     orphans
 }
 
-/// The pod cgroups this daemon makes itself (pods whose config names no parent) under the
-/// configured parent, in every hierarchy, one entry per pod.
-fn pod_cgroups(rt: &Runtime) -> Vec<Orphan> {
-    let parent = &rt.cfg.cgroup_parent;
-    // Where the driver puts a pod of ours, and its name split where the id goes.
-    let dummy = "0".repeat(64);
-    let fs = crate::cgroups::systemd::fs_path(&rt.cgroup_driver.own_pod_cgroup(parent, &dummy))
-        .into_owned();
-    let fs = Path::new(fs.trim_start_matches('/'));
-    let (Some(rel_dir), Some(name)) = (fs.parent(), fs.file_name().and_then(|n| n.to_str())) else {
-        return Vec::new();
+/// A runtime container no record names is ours to delete when its runtime's state dir is
+/// under our state root (the default), or, in a state dir configured elsewhere and perhaps
+/// shared with another daemon, when its bundle is under our state root.
+fn runtime_container_is_ours(rt: &Runtime, o: &Orphan) -> bool {
+    let Some(runtime) = rt
+        .runtimes
+        .values()
+        .find(|r| o.path.parent() == Some(r.root.as_path()))
+    else {
+        return false;
     };
-    let Some((pre, post)) = name.split_once(&dummy) else {
-        return Vec::new();
-    };
-    let mut seen = HashSet::new();
-    let mut out = Vec::new();
-    for h in crate::cgroups::hierarchies() {
-        let dir = h.mount_point.join(rel_dir);
-        for n in crate::state::list_dir(&dir) {
-            let Some(id) = n.strip_prefix(pre).and_then(|r| r.strip_suffix(post)) else {
-                continue;
-            };
-            if validate::full_id(id).is_ok() && seen.insert(id.to_string()) {
-                out.push(orphan(Kind::Cgroup, id, dir.join(&n)));
-            }
-        }
+    if runtime.root.starts_with(&rt.cfg.root) {
+        return true;
     }
-    out
+    match runtime.state(&o.owner) {
+        Ok(Some(s)) => Path::new(&s.bundle).starts_with(&rt.cfg.root),
+        _ => false,
+    }
+}
+
+/// The pod cgroups this daemon made itself (pods whose config names no parent), as written
+/// down under its state root (`cgroups::owned`), one entry per pod: never a cgroup merely
+/// found under the parent, which another daemon may share. The path shown is the cgroup's
+/// dir in the first hierarchy that has it (the note's, once the cgroup is gone).
+fn pod_cgroups(rt: &Runtime) -> Vec<Orphan> {
+    crate::cgroups::owned::list(&rt.cfg.root)
+        .into_iter()
+        .map(|(id, cgroup, note)| {
+            let fs = crate::cgroups::systemd::fs_path(&cgroup).into_owned();
+            let at = crate::cgroups::hierarchies()
+                .iter()
+                .map(|h| h.mount_point.join(fs.trim_start_matches('/')))
+                .find(|d| d.is_dir());
+            orphan(Kind::Cgroup, &id, at.unwrap_or(note))
+        })
+        .collect()
 }
 
 fn remove(rt: &Runtime, o: &Orphan) -> std::result::Result<(), String> {
@@ -376,13 +386,12 @@ fn remove(rt: &Runtime, o: &Orphan) -> std::result::Result<(), String> {
         Kind::Socket => {
             std::fs::remove_file(&o.path).map_err(|e| format!("remove {}: {e}", o.path.display()))
         }
-        Kind::Cgroup => rt
-            .host
-            .remove_cgroup(
-                &rt.cgroup_driver
-                    .own_pod_cgroup(&rt.cfg.cgroup_parent, &o.owner),
-            )
-            .map_err(|e| e.to_string()),
+        Kind::Cgroup => {
+            let cgroup = crate::cgroups::owned::of(&rt.cfg.root, &o.owner)
+                .ok_or("its note is gone: not ours to remove")?;
+            rt.host.remove_cgroup(&cgroup).map_err(|e| e.to_string())?;
+            crate::cgroups::owned::forget(&rt.cfg.root, &o.owner).map_err(|e| e.to_string())
+        }
         // Collected as a whole (see `collect`).
         Kind::UnusedImageContent => Err("collected by the image store".into()),
         Kind::PartialPull => std::fs::remove_dir_all(&o.path)

@@ -141,7 +141,9 @@ pub struct Config {
     pub infra: InfraPolicy,
     /// Size of each pod's /dev/shm tmpfs in bytes.
     pub shm_size: u64,
-    /// cgroup parent for infra containers when the pod config names none.
+    /// cgroup parent of the pod cgroups the daemon makes when a pod config names none. Empty
+    /// (the default): `/sandboxd` with the default state root, `/sandboxd-<tag of the root>`
+    /// with any other, so that daemons with their own roots never share one.
     pub cgroup_parent: String,
     /// `auto` (the default), `systemd` or `cgroupfs`. With systemd, a pod's parent is a slice
     /// (kubelet's `…/kubepods-burstable-pod<uid>.slice`), each container a scope the OCI
@@ -308,7 +310,7 @@ impl Default for Config {
             pause_path: std::env::var_os("SANDBOXD_PAUSE").map(PathBuf::from),
             infra: InfraPolicy::Auto,
             shm_size: 64 * 1024 * 1024,
-            cgroup_parent: "/sandboxd".into(),
+            cgroup_parent: String::new(),
             cgroup_driver: CgroupDriver::Auto,
             stop_grace: Duration::ZERO,
             stats_collect_period: DEFAULT_STATS_PERIOD,
@@ -326,6 +328,22 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The parent of the pod cgroups the daemon makes: `cgroup_parent`, or when that is empty
+    /// `/sandboxd` for the default state root and `/sandboxd-<8 hex of the root's path>` for
+    /// any other.
+    pub fn effective_cgroup_parent(&self) -> String {
+        if !self.cgroup_parent.is_empty() {
+            return self.cgroup_parent.clone();
+        }
+        if self.root == Config::default().root {
+            return "/sandboxd".into();
+        }
+        format!(
+            "/sandboxd-{}",
+            crate::state::short_hash(&self.root.to_string_lossy())
+        )
+    }
+
     /// Every dir namespaces are pinned in.
     pub fn namespace_dirs(&self) -> [&PathBuf; 4] {
         [

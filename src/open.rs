@@ -44,8 +44,9 @@ impl Runtime {
         Ok(rt)
     }
 
-    fn open(cfg: Config, host: Arc<dyn Host>) -> Result<Self> {
+    fn open(mut cfg: Config, host: Arc<dyn Host>) -> Result<Self> {
         check_root(&cfg.root)?;
+        cfg.cgroup_parent = cfg.effective_cgroup_parent();
         // Refuse an unusable pause binary before anything is created.
         let pause = Config::helper_path(&cfg.pause_path, "sandboxd-pause").filter(|p| p.is_file());
         if let Some(p) = &pause {

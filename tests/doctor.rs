@@ -166,3 +166,68 @@ fn the_audit_finds_every_kind_of_orphan_and_fix_removes_exactly_those() {
     live.remove_pod_sandbox(&keep).unwrap();
     env.assert_no_leaks();
 }
+
+/// Two daemons with their own state roots (issue 36): each one's pod cgroups are its own, even
+/// when an operator gives both the same cgroup parent. The second one's start-up sweep, audit
+/// and `--fix` leave the first one's pod and its cgroup alone; with no parent configured,
+/// each root gets a parent of its own.
+#[test]
+fn a_second_daemon_never_collects_the_first_ones_cgroups() {
+    let env = Env::new("doctor-two-roots");
+    let first = env.runtime();
+    first
+        .images()
+        .import(&busybox::oci_layout(&env.base, IMAGE), None)
+        .unwrap();
+    let p = pod(&env, "first");
+    let sb = first.run_pod_sandbox(&p).unwrap();
+    let ctr = sleeper(&first, &sb);
+    let mine = cgroups_under(&env.cfg.cgroup_parent);
+    assert!(
+        mine.iter().any(|c| c.to_string_lossy().contains(&sb)),
+        "{mine:?}"
+    );
+    let second_cfg = sandboxd::Config {
+        root: env.base.join("second-root"),
+        ..env.cfg.clone()
+    };
+    assert_eq!(second_cfg.cgroup_parent, env.cfg.cgroup_parent);
+    let second = Runtime::new(second_cfg.clone()).unwrap();
+    let audit = second.audit();
+    assert!(
+        audit
+            .orphans
+            .iter()
+            .all(|o| !o.owner.contains(&sb) && !o.owner.contains(&ctr)),
+        "the second daemon claims the first one's pod: {:#?}",
+        audit.orphans
+    );
+    let fixed = second.audit_fix(Duration::ZERO);
+    assert!(
+        fixed.orphans.iter().all(|o| o.kind != Kind::Cgroup),
+        "{:#?}",
+        fixed.orphans
+    );
+    assert_eq!(cgroups_under(&env.cfg.cgroup_parent), mine);
+    assert_eq!(
+        first.container_status(&ctr).unwrap().state,
+        ContainerState::Running
+    );
+    // No parent configured: one per root (the default root keeps `/sandboxd`).
+    let unset = |root: &str| {
+        sandboxd::Config {
+            root: root.into(),
+            cgroup_parent: String::new(),
+            ..sandboxd::Config::default()
+        }
+        .effective_cgroup_parent()
+    };
+    assert_eq!(unset("/var/lib/sandboxd"), "/sandboxd");
+    assert_ne!(unset("/srv/a"), unset("/srv/b"));
+    assert!(unset("/srv/a").starts_with("/sandboxd-"));
+    drop(second);
+    first.stop_pod_sandbox(&sb).unwrap();
+    first.remove_pod_sandbox(&sb).unwrap();
+    let _ = std::fs::remove_dir_all(&second_cfg.root);
+    env.assert_no_leaks();
+}

@@ -8,6 +8,7 @@ use crate::error::HostError;
 
 mod extra;
 mod limits;
+pub(crate) mod owned;
 pub mod systemd;
 
 pub use extra::{BlkioDevice, Hugetlb, Pressure, Procs};

@@ -446,6 +446,7 @@ impl Host for FakeHost {
         Ok(lock(&self.0).containers.get(id).map(|s| RuntimeState {
             status: s.to_string(),
             pid: 0,
+            bundle: String::new(),
         }))
     }
 

@@ -28,8 +28,8 @@ pub enum Kind {
     PartialPull,
     /// A layer dir or blob in the image store that no image, container or pull references.
     UnusedImageContent,
-    /// A pod cgroup of ours under the configured `cgroup_parent` (last: its processes must be
-    /// gone first).
+    /// A pod cgroup this daemon made and wrote down under `<root>/cgroups/` (last: its
+    /// processes must be gone first). One merely found under the parent is never listed.
     Cgroup,
 }
 

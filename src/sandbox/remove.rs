@@ -81,8 +81,13 @@ fn remove_pod_resources(rt: &Runtime, entry: &SandboxEntry, mut errors: Vec<Erro
         return Error::collect(errors);
     }
     if rec.own_pod_cgroup {
-        if let Err(e) = rt.host.remove_cgroup(&rec.pod_cgroup) {
-            errors.push(Error::step("remove pod cgroup", &rec.id, e));
+        match rt.host.remove_cgroup(&rec.pod_cgroup) {
+            Ok(()) => {
+                if let Err(e) = crate::cgroups::owned::forget(&rt.cfg.root, &rec.id) {
+                    errors.push(Error::step("erase the pod cgroup's note", &rec.id, e));
+                }
+            }
+            Err(e) => errors.push(Error::step("remove pod cgroup", &rec.id, e)),
         }
     }
     if !rec.network.gave_up {
@@ -146,9 +151,15 @@ fn finish_quarantined(rt: &Runtime, id: &str) -> Result<()> {
             errors.push(Error::step("remove sandbox dir", id, e));
         }
     }
-    let cgroup = rt.cgroup_driver.own_pod_cgroup(&rt.cfg.cgroup_parent, id);
-    if let Err(e) = rt.host.remove_cgroup(&cgroup) {
-        errors.push(Error::step("remove pod cgroup", id, e));
+    let cgroup = crate::cgroups::owned::of(&rt.cfg.root, id)
+        .unwrap_or_else(|| rt.cgroup_driver.own_pod_cgroup(&rt.cfg.cgroup_parent, id));
+    match rt.host.remove_cgroup(&cgroup) {
+        Ok(()) => {
+            if let Err(e) = crate::cgroups::owned::forget(&rt.cfg.root, id) {
+                errors.push(Error::step("erase the pod cgroup's note", id, e));
+            }
+        }
+        Err(e) => errors.push(Error::step("remove pod cgroup", id, e)),
     }
     if errors.is_empty() {
         if let Err(e) = rt.cni.remove_cache(id) {

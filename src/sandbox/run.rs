@@ -224,6 +224,12 @@ fn create(
     files?;
     pinned?;
     failpoint::hit("run:netns");
+    // A cgroup made for the pod is written down as ours before anything can make it: the
+    // self-audit collects only what is written down (another daemon may share the parent).
+    if rec.own_pod_cgroup {
+        crate::cgroups::owned::note(&rt.cfg.root, &id, &rec.pod_cgroup)
+            .map_err(|e| Error::step("write down the pod cgroup", &id, e))?;
+    }
     // Without an infra process nothing else would set them: write them into the pinned
     // namespaces now (an infra's runtime applies them from its spec).
     if !plan.infra && !plan.sysctls.is_empty() {

@@ -12,6 +12,9 @@ pub struct RuntimeState {
     pub status: String,
     #[serde(default)]
     pub pid: i32,
+    /// The container's bundle dir (OCI state's `bundle`).
+    #[serde(default)]
+    pub bundle: String,
 }
 
 /// `runtime wait` output (runsc): `{"id":…,"exitStatus":N}`, N being 128+signal for a

@@ -1,0 +1,54 @@
+//! The pod cgroups this daemon made, written down under its own state root
+//! (`<root>/cgroups/<pod id>`, holding the cgroup's name) before the cgroup can exist and
+//! erased once it is removed. The self-audit collects only cgroups written down here: a cgroup
+//! merely found under the configured parent may be another daemon's (two daemons with their
+//! own roots may share a parent), and removing it would take that daemon's pods.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::HostError;
+
+fn dir(root: &Path) -> PathBuf {
+    root.join("cgroups")
+}
+
+/// Writes down (durably) that pod `id`'s cgroup `cgroup` is ours.
+pub(crate) fn note(root: &Path, id: &str, cgroup: &str) -> Result<(), HostError> {
+    let d = dir(root);
+    crate::state::files::private_dir_all(&d)?;
+    crate::state::write_atomic(&d.join(id), cgroup.as_bytes())
+}
+
+/// Erases the note of pod `id` (none: fine).
+pub(crate) fn forget(root: &Path, id: &str) -> Result<(), HostError> {
+    let p = dir(root).join(id);
+    match std::fs::remove_file(&p) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(HostError::io("remove", &p, e)),
+        _ => Ok(()),
+    }
+}
+
+/// The cgroup written down for pod `id`, if any.
+pub(crate) fn of(root: &Path, id: &str) -> Option<String> {
+    let raw = crate::untrusted_fs::read_file(&dir(root).join(id), 4096).ok()?;
+    let cg = String::from_utf8(raw).ok()?;
+    let plausible = !cg.is_empty()
+        && !cg.contains(['\0', '\n'])
+        && !cg.split('/').any(|s| s == "..")
+        && cg.contains(id);
+    plausible.then_some(cg)
+}
+
+/// Every pod cgroup written down: (pod id, cgroup, the note's path).
+pub(crate) fn list(root: &Path) -> Vec<(String, String, PathBuf)> {
+    let d = dir(root);
+    crate::state::list_dir(&d)
+        .into_iter()
+        .filter(|n| crate::validate::full_id(n).is_ok())
+        .filter_map(|id| {
+            let cg = of(root, &id)?;
+            let p = d.join(&id);
+            Some((id, cg, p))
+        })
+        .collect()
+}
