@@ -97,3 +97,61 @@ fn what_sandboxd_cannot_do_is_refused_by_name() {
     };
     assert!(apply(&mut spec, &bad_cpus, "10-one", &mut Owners::default()).is_err());
 }
+
+/// One plugin's ops on one key in one answer end as the last of them, keyed entries no op
+/// names keep their place, and keys set are appended in the order of their last set (what
+/// applying them one by one gave).
+#[test]
+fn ops_in_one_answer_apply_as_if_one_by_one() {
+    let mut spec = json!({"process": {"env": ["PATH=/bin", "A=0", "C=0", "noequals", "D=0"]}});
+    let kv = |k: &str, v: &str| api::KeyValue {
+        key: k.into(),
+        value: v.into(),
+    };
+    let a = api::ContainerAdjustment {
+        env: vec![
+            kv("A", "1"),
+            kv("B", "1"),
+            kv("A", "2"),
+            kv("-C", ""),
+            kv("-D", ""),
+            kv("D", "1"),
+        ],
+        ..Default::default()
+    };
+    apply(&mut spec, &a, "10-one", &mut Owners::default()).unwrap();
+    assert_eq!(
+        spec["process"]["env"],
+        json!(["PATH=/bin", "noequals", "B=1", "A=2", "D=1"])
+    );
+}
+
+/// More entries of a kind than any plugin needs are refused whole, before any work: an
+/// answer within the message limit cannot keep the daemon busy (issue 36: 80,000 env vars
+/// took 32 s with the pod's lock held).
+#[test]
+fn an_adjustment_with_too_many_entries_is_refused() {
+    let many = |n: usize| api::ContainerAdjustment {
+        env: (0..n)
+            .map(|i| api::KeyValue {
+                key: format!("V{i}"),
+                value: "x".into(),
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let mut spec = json!({"process": {"env": (0..MAX_ENTRIES).map(|i| format!("S{i}=1")).collect::<Vec<_>>()}});
+    apply(
+        &mut spec,
+        &many(MAX_ENTRIES),
+        "10-one",
+        &mut Owners::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        spec["process"]["env"].as_array().unwrap().len(),
+        2 * MAX_ENTRIES
+    );
+    let e = apply(&mut spec, &many(80_000), "20-two", &mut Owners::default()).unwrap_err();
+    assert!(e.contains("80000 env") && e.contains("4096"), "{e}");
+}
