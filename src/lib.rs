@@ -107,7 +107,7 @@ impl Runtime {
     /// to. The daemon calls it at start; a library user that wants plugins calls it once.
     pub fn start_nri(self: &Arc<Self>) -> Result<()> {
         self.nri
-            .start(Arc::new(container::nri::Domain(Arc::downgrade(self))))
+            .start(Arc::new(container::nri::Domain::new(Arc::downgrade(self))))
     }
 
     /// At shutdown: removes the NRI socket (if it is still the one we bound) and the dirs

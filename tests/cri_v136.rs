@@ -391,6 +391,59 @@ fn pod_level_resources() {
     assert_eq!(limits(), (536870912 + 16777216, 50000));
     let r = record(&mut c);
     assert_eq!(r["config"]["resources"]["memory_limit_in_bytes"], 4 << 20);
+    // Refused, and nothing written or recorded (issue 36: a huge overhead quota was refused
+    // after the memory limit was written; cpuset and huge page values were recorded
+    // unchecked).
+    let huge_quota = cri::UpdatePodSandboxResourcesRequest {
+        pod_sandbox_id: sb.clone(),
+        overhead: Some(cri::LinuxContainerResources {
+            cpu_quota: i64::MAX,
+            ..Default::default()
+        }),
+        resources: Some(cri::LinuxContainerResources {
+            memory_limit_in_bytes: 700 << 20,
+            cpu_quota: 50000,
+            cpu_period: 100000,
+            ..Default::default()
+        }),
+    };
+    let mut bad_cpuset = huge_quota.clone();
+    bad_cpuset.overhead = None;
+    bad_cpuset.resources.as_mut().unwrap().cpuset_cpus = "0-3;rm".into();
+    let mut bad_pages = bad_cpuset.clone();
+    bad_pages.resources.as_mut().unwrap().cpuset_cpus = String::new();
+    bad_pages.resources.as_mut().unwrap().hugepage_limits = vec![cri::HugepageLimit {
+        page_size: "../2MB".into(),
+        limit: 1,
+    }];
+    for bad in [huge_quota, bad_cpuset, bad_pages] {
+        let e = rt
+            .block_on(c.update_pod_sandbox_resources(bad))
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert_eq!(limits(), (536870912 + 16777216, 50000));
+        assert_eq!(
+            record(&mut c)["config"]["resources"]["memory_limit_in_bytes"],
+            4 << 20
+        );
+    }
+    // A container's update out of the kernel's range: refused before the runtime writes.
+    let shares = "cat /sys/fs/cgroup/cpu/cpu.shares 2>/dev/null || cat /sys/fs/cgroup/cpu.weight";
+    let before = exec(&rt, &mut c, &id, shares);
+    let e = rt
+        .block_on(
+            c.update_container_resources(cri::UpdateContainerResourcesRequest {
+                container_id: id.clone(),
+                linux: Some(cri::LinuxContainerResources {
+                    cpu_shares: i64::MAX,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        )
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert_eq!(exec(&rt, &mut c, &id, shares), before);
     let e = rt
         .block_on(
             c.update_pod_sandbox_resources(cri::UpdatePodSandboxResourcesRequest {

@@ -17,7 +17,8 @@ use common::cri::*;
 use common::nri_plugin::{Behavior, TestPlugin};
 use common::*;
 use sandboxd::api::v1 as cri;
-use sandboxd_nri_api::api;
+use sandboxd_nri_api::{api, ttrpc};
+use std::path::Path;
 
 fn behavior(idx: &str, name: &str) -> Behavior {
     Behavior {
@@ -651,5 +652,139 @@ fn the_sockets_dir_is_never_chmodded_and_the_socket_goes_at_shutdown() {
             "the dirs made for the socket stay"
         );
     }
+    env.assert_no_leaks();
+}
+
+/// The cgroup v1 `cpu.shares` of the container whose process is `pid` (this host's layout).
+fn cpu_shares_of(pid: &str) -> Option<String> {
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let line = cg.lines().find(|l| {
+        l.split(':')
+            .nth(1)
+            .is_some_and(|c| c.split(',').any(|x| x == "cpu"))
+    })?;
+    let (ctls, path) = line.split_once(':')?.1.split_once(':')?;
+    let mount = Path::new("/sys/fs/cgroup").join(ctls);
+    let mount = if mount.exists() {
+        mount
+    } else {
+        Path::new("/sys/fs/cgroup/cpu").to_path_buf()
+    };
+    std::fs::read_to_string(mount.join(path.trim_start_matches('/')).join("cpu.shares")).ok()
+}
+
+/// A plugin's own updates (UpdateContainers, issue 36) are checked as CreateContainer's
+/// resources are (out of range or a core cgroup file: refused before anything is written);
+/// one request of a plugin is applied at a time and one more meanwhile is refused at once,
+/// so 64 at once cannot fill the daemon's memory; what a plugin that went still had queued
+/// is dropped; and its evictions cannot flood the node's log.
+#[test]
+fn a_plugins_own_updates_are_checked_bounded_and_dropped_with_it() {
+    let env = Env::new("nri-updates");
+    let (d, rt, mut c) = daemon(&env);
+    let plugin = TestPlugin::connect(&env.cfg.nri.socket_path, behavior("10", "updater"));
+    let p = pod("upd", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    let id = sleeper(&rt, &mut c, &sb, &p, "target");
+    let info = rt
+        .block_on(c.container_status(cri::ContainerStatusRequest {
+            container_id: id.clone(),
+            verbose: true,
+        }))
+        .unwrap()
+        .into_inner()
+        .info;
+    let pid = serde_json::from_str::<serde_json::Value>(&info["info"]).unwrap()["pid"].to_string();
+    let before = cpu_shares_of(&pid);
+    let update = |res: api::LinuxResources| api::ContainerUpdate {
+        container_id: id.clone(),
+        linux: Some(api::LinuxContainerUpdate {
+            resources: Some(res),
+        }),
+        ignore_failure: false,
+    };
+    let shares = |v: u64| api::LinuxResources {
+        cpu: Some(api::LinuxCpu {
+            shares: Some(api::OptionalUInt64 { value: v }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let procs = api::LinuxResources {
+        unified: HashMap::from([("cgroup.procs".to_string(), "1".to_string())]),
+        ..Default::default()
+    };
+    for bad in [shares(i64::MAX as u64), procs] {
+        let r = plugin
+            .update(api::UpdateContainersRequest {
+                update: vec![update(bad)],
+                evict: vec![],
+            })
+            .unwrap();
+        assert_eq!(r.failed.len(), 1, "{r:?}");
+    }
+    assert!(before.is_some());
+    assert_eq!(cpu_shares_of(&pid), before, "a refused update was written");
+    let log = std::fs::read_to_string(&d.log).unwrap();
+    assert!(log.contains("outside the kernel's"), "{log}");
+
+    // One request of 1,024 real updates is applied (a runtime call each) while 63 more
+    // arrive: those are refused at once, and the daemon's memory stays put.
+    let long = api::UpdateContainersRequest {
+        update: (0..1024u64)
+            .map(|i| update(shares(1024 + (i % 2) * 2)))
+            .collect(),
+        evict: vec![],
+    };
+    let rss = d.status_kib("VmRSS");
+    plugin.send_update(long.clone());
+    std::thread::sleep(Duration::from_millis(200));
+    let answers = plugin.updates_at_once(vec![long; 63]);
+    let busy = answers
+        .iter()
+        .filter(|a| matches!(a, Err(ttrpc::Error::RpcStatus(s)) if s.code == ttrpc::Code::RESOURCE_EXHAUSTED as i32))
+        .count();
+    assert_eq!(busy, 63, "{:?}", answers.iter().find(|a| a.is_ok()));
+    let grown = d.status_kib("VmRSS").saturating_sub(rss);
+    assert!(grown < 64 << 10, "the daemon grew by {grown} KiB");
+    // The plugin goes: what it had left is dropped, not applied for seconds more.
+    drop(plugin);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = std::fs::read_to_string(&d.log).unwrap();
+        if log.contains("NRI plugin gone: the rest of its updates dropped") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the gone plugin's updates went on"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // 10 × 1,024 evictions of containers that do not exist: a bounded number of lines.
+    let evictor = TestPlugin::connect(&env.cfg.nri.socket_path, behavior("20", "evictor"));
+    for round in 0..10 {
+        let r = evictor
+            .update(api::UpdateContainersRequest {
+                update: vec![],
+                evict: (0..1024)
+                    .map(|i| api::ContainerEviction {
+                        container_id: format!("gone-{round}-{i}"),
+                        reason: "x".repeat(200),
+                    })
+                    .collect(),
+            })
+            .unwrap();
+        assert!(r.failed.is_empty());
+    }
+    let log = std::fs::read_to_string(&d.log).unwrap();
+    let lines = log.lines().filter(|l| l.contains("20-evictor")).count();
+    assert!(
+        lines <= 25,
+        "{lines} log lines for the evictor's 10,240 evictions"
+    );
+    drop(evictor);
+    remove_pod(&rt, &mut c, &sb);
     env.assert_no_leaks();
 }

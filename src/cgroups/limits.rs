@@ -52,8 +52,11 @@ impl PodLimits {
                 0
             },
             cpu_period: period,
+            // Past the kernel's largest the weight is the largest anyway.
             cpu_shares: if r.cpu_shares > 0 {
-                r.cpu_shares.saturating_add(o.cpu_shares.max(0))
+                r.cpu_shares
+                    .saturating_add(o.cpu_shares.max(0))
+                    .min(*crate::model::resources::CPU_SHARES.end())
             } else {
                 0
             },

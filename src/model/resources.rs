@@ -40,6 +40,33 @@ pub struct Resources {
 pub const MAX_UNIFIED: usize = 64;
 /// The most huge page sizes one container may limit (x86 has 2, arm64 4).
 pub const MAX_HUGEPAGE_LIMITS: usize = 8;
+/// The kernel's range of cgroup v1 `cpu.shares` (a value outside it is clamped, and the
+/// runtime, reading back another value, fails after the write).
+pub const CPU_SHARES: std::ops::RangeInclusive<i64> = 2..=262_144;
+/// The kernel's range of a CFS period in µs.
+pub const CPU_PERIOD: std::ops::RangeInclusive<i64> = 1_000..=1_000_000;
+/// The largest CFS quota in µs the kernel takes (`(1 << 44) - 1`).
+pub const MAX_CPU_QUOTA: i64 = (1 << 44) - 1;
+
+/// `what` in cpuset list syntax (`0-3,6`): ascending ranges of CPU or node numbers, at most
+/// 4096 bytes.
+fn check_cpuset(what: &str, v: &str) -> Result<(), String> {
+    if v.is_empty() {
+        return Ok(());
+    }
+    let ok = v.len() <= 4096
+        && v.split(',').all(|r| {
+            let (a, b) = r.split_once('-').unwrap_or((r, r));
+            let num = |x: &str| (1..=5).contains(&x.len()) && x.bytes().all(|c| c.is_ascii_digit());
+            num(a) && num(b) && a.parse::<u32>().ok() <= b.parse::<u32>().ok()
+        });
+    match ok {
+        true => Ok(()),
+        false => Err(format!(
+            "{what} {v:?} is not a cpuset list such as \"0-3,6\""
+        )),
+    }
+}
 
 impl Resources {
     /// Refuses what no cgroup write should carry out: a `unified` key that is not a plain
@@ -50,6 +77,30 @@ impl Resources {
     /// [`MAX_HUGEPAGE_LIMITS`], each size once, named as kubelet names them (`2MB`, `1GB`:
     /// the runtime makes a cgroup file name of it).
     pub fn check(&self, v2: bool) -> Result<(), String> {
+        if self.cpu_shares != 0 && !CPU_SHARES.contains(&self.cpu_shares) {
+            return Err(format!(
+                "cpu_shares {} is outside the kernel's {}..={}",
+                self.cpu_shares,
+                CPU_SHARES.start(),
+                CPU_SHARES.end()
+            ));
+        }
+        if self.cpu_period != 0 && !CPU_PERIOD.contains(&self.cpu_period) {
+            return Err(format!(
+                "cpu_period {} is outside the kernel's {}..={} µs",
+                self.cpu_period,
+                CPU_PERIOD.start(),
+                CPU_PERIOD.end()
+            ));
+        }
+        if self.cpu_quota > MAX_CPU_QUOTA {
+            return Err(format!(
+                "cpu_quota {} is above the kernel's {MAX_CPU_QUOTA} µs",
+                self.cpu_quota
+            ));
+        }
+        check_cpuset("cpuset_cpus", &self.cpuset_cpus)?;
+        check_cpuset("cpuset_mems", &self.cpuset_mems)?;
         if self.hugepage_limits.len() > MAX_HUGEPAGE_LIMITS {
             return Err(format!(
                 "hugepage_limits: {} entries (at most {MAX_HUGEPAGE_LIMITS})",

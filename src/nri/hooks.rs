@@ -146,8 +146,9 @@ impl Nri {
             return;
         }
         if let Some(u) = self.shared.updates.get() {
-            for f in u.apply(what, updates, evict) {
-                tracing::warn!(container_id = %f.container_id, from = what, "NRI plugin's container update failed");
+            let failed = u.apply(what, updates, evict, &|| false);
+            if let Some(f) = failed.first() {
+                tracing::warn!(first = %f.container_id, failed = failed.len(), from = what, "NRI plugins' container updates failed");
             }
         }
     }

@@ -113,8 +113,12 @@ pub(super) async fn join(
             drop(_w);
             tracing::info!(plugin = %id, events = format!("{:#x}", p.events), "NRI plugin registered");
             if !r.update.is_empty() {
-                let u = updates.clone();
-                let _ = tokio::task::spawn_blocking(move || u.apply(&id, &r.update, &[])).await;
+                let (u, this) = (updates.clone(), Arc::downgrade(&p));
+                let _ = tokio::task::spawn_blocking(move || {
+                    let gone = || this.upgrade().is_none_or(|p| p.is_gone());
+                    u.apply(&id, &r.update, &[], &gone)
+                })
+                .await;
             }
         }
         Err(Failure::Unimplemented) => {

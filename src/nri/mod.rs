@@ -41,11 +41,13 @@ pub(crate) const MAX_UPDATES: usize = 1024;
 /// Applies what plugins ask of other containers (updates, evictions); returns the updates
 /// that failed. The runtime implements it.
 pub(crate) trait Updates: Send + Sync {
+    /// `gone` says whether the asking plugin went meanwhile: what is left is then dropped.
     fn apply(
         &self,
         plugin: &str,
         update: &[api::ContainerUpdate],
         evict: &[api::ContainerEviction],
+        gone: &dyn Fn() -> bool,
     ) -> Vec<api::ContainerUpdate>;
     /// Every pod and container, for a joining plugin.
     fn snapshot(&self) -> (Vec<api::PodSandbox>, Vec<api::Container>);

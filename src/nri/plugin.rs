@@ -53,6 +53,14 @@ impl Plugin {
         self.closed.load(Ordering::Acquire)
     }
 
+    /// Closed, or its connection ended (noticed here before any request fails on it).
+    pub(crate) fn is_gone(&self) -> bool {
+        self.is_closed()
+            || crate::state::lock(&self.trunk)
+                .as_ref()
+                .is_none_or(|t| t.is_finished())
+    }
+
     /// Closes the connection (and kills a plugin the daemon started); idempotent.
     pub(crate) fn close(&self, why: &str) {
         if self.closed.swap(true, Ordering::AcqRel) {
@@ -148,7 +156,16 @@ struct RuntimeService {
     /// Set once the plugin is registered: unsolicited updates go to the domain.
     updates: Arc<dyn super::Updates>,
     plugin: std::sync::OnceLock<String>,
+    /// The plugin, once it is one: its updates stop being applied when it is gone.
+    this: std::sync::OnceLock<std::sync::Weak<Plugin>>,
+    /// One UpdateContainers of this plugin is applied at a time; one more arriving meanwhile
+    /// is refused at once (its decoded request dropped, not queued).
+    applying: tokio::sync::Semaphore,
 }
+
+/// UpdateContainers applied at once over all plugins: what decoded requests may hold in
+/// memory is a few messages, whatever many plugins send.
+static APPLYING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 
 #[sandboxd_nri_api::async_trait]
 impl sandboxd_nri_api::RuntimeService for RuntimeService {
@@ -189,12 +206,25 @@ impl sandboxd_nri_api::RuntimeService for RuntimeService {
                 format!("at most {} updates at once", super::MAX_UPDATES),
             ));
         }
+        let busy = || {
+            status(
+                ttrpc::Code::RESOURCE_EXHAUSTED,
+                "an earlier UpdateContainers is still being applied: send the next one after its answer".into(),
+            )
+        };
+        let (Ok(_mine), Ok(_all)) = (self.applying.try_acquire(), APPLYING.try_acquire()) else {
+            return Err(busy());
+        };
         let updates = self.updates.clone();
+        let this = self.this.get().cloned().unwrap_or_default();
         // The domain's calls block (cgroup writes, the runtime's update): off the executor.
-        let failed =
-            tokio::task::spawn_blocking(move || updates.apply(&plugin, &req.update, &req.evict))
-                .await
-                .unwrap_or_default();
+        // A plugin that goes meanwhile has the rest of its request dropped.
+        let failed = tokio::task::spawn_blocking(move || {
+            let gone = || this.upgrade().is_none_or(|p| p.is_gone());
+            updates.apply(&plugin, &req.update, &req.evict, &gone)
+        })
+        .await
+        .unwrap_or_default();
         Ok(api::UpdateContainersResponse { failed })
     }
 }
@@ -245,6 +275,8 @@ pub(crate) async fn connect(
         registered: Mutex::new(Some(tx)),
         updates,
         plugin: std::sync::OnceLock::new(),
+        this: std::sync::OnceLock::new(),
+        applying: tokio::sync::Semaphore::new(1),
     });
     let one = futures_util::stream::iter([Ok::<_, std::io::Error>(trunk.runtime_service)]);
     let mut server = ttrpc::asynchronous::Server::new()
@@ -328,5 +360,7 @@ pub(crate) async fn connect(
     }
     plugin.events = events;
     let _ = service.plugin.set(id);
-    Ok(Arc::new(plugin))
+    let plugin = Arc::new(plugin);
+    let _ = service.this.set(Arc::downgrade(&plugin));
+    Ok(plugin)
 }

@@ -444,6 +444,7 @@ fn validate_config(rt: &Runtime, c: &PodSandboxConfig) -> Result<Plan> {
             .pod_cgroup(&c.cgroup_parent)
             .map_err(Error::InvalidArgument)?;
     }
+    crate::container::spec::validate_pod_resources(c.resources.as_ref(), c.overhead.as_ref())?;
     if let Some(dns) = &c.dns {
         for s in &dns.servers {
             s.parse::<IpAddr>().map_err(|_| {

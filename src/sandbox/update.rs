@@ -22,6 +22,9 @@ pub(crate) fn update_resources(
         kind: "sandbox",
         id: id.to_string(),
     })?;
+    // Checked as RunPodSandbox checks them, before anything is written or recorded: a refused
+    // call changes nothing.
+    crate::container::spec::validate_pod_resources(resources.as_ref(), overhead.as_ref())?;
     let _op = lock(&entry.op);
     let rec = lock(&entry.record).clone();
     if rec.own_pod_cgroup && rec.state == SandboxState::Ready {

@@ -390,6 +390,41 @@ impl TestPlugin {
             .failed
     }
 
+    /// An unsolicited UpdateContainers as given: the answer, or the error status.
+    pub fn update(
+        &self,
+        req: api::UpdateContainersRequest,
+    ) -> Result<api::UpdateContainersResponse, ttrpc::Error> {
+        self.rt.as_ref().unwrap().block_on(
+            self.client
+                .update_containers(ttrpc::context::with_duration(Duration::from_secs(60)), &req),
+        )
+    }
+
+    /// Sends `req` and does not wait for its answer (dropping the plugin drops the wait).
+    pub fn send_update(&self, req: api::UpdateContainersRequest) {
+        let client = self.client.clone();
+        self.rt.as_ref().unwrap().spawn(async move {
+            let _ = client
+                .update_containers(ttrpc::context::with_duration(Duration::from_secs(60)), &req)
+                .await;
+        });
+    }
+
+    /// Sends every request at once and waits for all the answers.
+    pub fn updates_at_once(
+        &self,
+        reqs: Vec<api::UpdateContainersRequest>,
+    ) -> Vec<Result<api::UpdateContainersResponse, ttrpc::Error>> {
+        let client = &self.client;
+        self.rt
+            .as_ref()
+            .unwrap()
+            .block_on(futures_util::future::join_all(reqs.iter().map(|r| {
+                client.update_containers(ttrpc::context::with_duration(Duration::from_secs(60)), r)
+            })))
+    }
+
     /// Lets a blocked event return.
     pub fn release(&self) {
         self.release.notify_one();

@@ -30,7 +30,7 @@ pub fn seccomp_host() -> SeccompHost {
     SeccompHost::current()
 }
 pub use user::{resolve_user, User};
-pub use validate::{parse_capability, validate, validate_resources};
+pub use validate::{parse_capability, validate, validate_pod_resources, validate_resources};
 
 /// The masked and read-only paths a container gets unless kubelet sends its own lists
 /// (the same defaults as containerd and runc's spec template).

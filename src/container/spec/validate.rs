@@ -171,6 +171,32 @@ pub fn validate_resources(r: &crate::container::Resources) -> Result<()> {
         .map_err(|e| invalid(format!("resources.{e}")))
 }
 
+/// Checks a pod's resources and overhead (RunPodSandbox, UpdatePodSandboxResources) as a
+/// container's are checked, and what the pod's own cgroup gets of their sum, before anything
+/// is written or recorded.
+pub fn validate_pod_resources(
+    resources: Option<&crate::container::Resources>,
+    overhead: Option<&crate::container::Resources>,
+) -> Result<()> {
+    for (what, r) in [("resources", resources), ("overhead", overhead)] {
+        if let Some(r) = r {
+            validate_resources(r).map_err(|e| match e {
+                Error::InvalidArgument(m) => invalid(format!("linux.{what}: {m}")),
+                other => other,
+            })?;
+        }
+    }
+    let sum = crate::cgroups::PodLimits::of(resources, overhead);
+    if sum.cpu_quota > crate::model::resources::MAX_CPU_QUOTA {
+        return Err(invalid(format!(
+            "linux.resources and overhead: a CPU quota of {} µs in all is above the kernel's {} µs",
+            sum.cpu_quota,
+            crate::model::resources::MAX_CPU_QUOTA
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
