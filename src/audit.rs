@@ -219,6 +219,7 @@ fn find(rt: &Runtime, kind: Kind) -> Vec<Orphan> {
             .into_iter()
             .map(|id| orphan(kind, &id, rt.cni.cache_path(&id)))
             .collect(),
+        Kind::IpamReservation => ipam_reservations(rt),
         Kind::Mount => {
             let dirs = [
                 root.join("sandboxes"),
@@ -308,6 +309,45 @@ fn find(rt: &Runtime, kind: Kind) -> Vec<Orphan> {
     orphans
 }
 
+/// The host-local reservations of today's network whose dir is under our state root (the
+/// embedded default network's, or a config's `dataDir` there): one file per address, named
+/// by it, its first line the container id. A dir elsewhere (`/var/lib/cni/networks` by
+/// default) may hold another runtime's pods, which no record of ours can tell apart: never
+/// listed. A reservation a CNI cache entry still names is that kind's.
+fn ipam_reservations(rt: &Runtime) -> Vec<Orphan> {
+    let Ok(list) = rt.network() else {
+        return Vec::new();
+    };
+    let cached: HashSet<String> = rt.cni.cached_ids().into_iter().collect();
+    let mut out = Vec::new();
+    for p in &list.plugins {
+        let ipam = &p["ipam"];
+        if ipam["type"] != "host-local" {
+            continue;
+        }
+        let data = ipam["dataDir"].as_str().unwrap_or("/var/lib/cni/networks");
+        let dir = Path::new(data).join(&list.name);
+        if !dir.starts_with(&rt.cfg.root) || list.name.contains('/') {
+            continue;
+        }
+        for n in crate::state::list_dir(&dir) {
+            if n.parse::<std::net::IpAddr>().is_err() {
+                continue;
+            }
+            let path = dir.join(&n);
+            let Ok(raw) = crate::untrusted_fs::read_file(&path, 512) else {
+                continue;
+            };
+            let text = String::from_utf8_lossy(&raw);
+            let id = text.lines().next().unwrap_or("").trim();
+            if validate::full_id(id).is_ok() && !cached.contains(id) {
+                out.push(orphan(Kind::IpamReservation, id, path));
+            }
+        }
+    }
+    out
+}
+
 /// A runtime container no record names is ours to delete when its runtime's state dir is
 /// under our state root (the default), or, in a state dir configured elsewhere and perhaps
 /// shared with another daemon, when its bundle is under our state root.
@@ -372,6 +412,16 @@ fn remove(rt: &Runtime, o: &Orphan) -> std::result::Result<(), String> {
             }
             None => rt.cni.remove_cache(&o.owner).map_err(|e| e.to_string()),
         },
+        Kind::IpamReservation => {
+            // DEL as the attachment was made (container id, eth0), with today's config; the
+            // plugins release the address, the file goes with it.
+            crate::sandbox::network::del(rt, &o.owner, None, None, None)
+                .map_err(|e| format!("CNI DEL: {e}"))?;
+            match o.path.exists() {
+                true => Err(format!("CNI DEL left {}", o.path.display())),
+                false => Ok(()),
+            }
+        }
         Kind::Mount => rt.host.unmount_all(&o.path).map_err(|e| e.to_string()),
         Kind::Namespace => rt.host.remove_namespace(&o.path).map_err(|e| e.to_string()),
         Kind::SandboxDir => {

@@ -86,6 +86,12 @@ fn the_audit_finds_every_kind_of_orphan_and_fix_removes_exactly_those() {
     // A layer no image names (a crash between an image's removal and its collection).
     let unused_layer = env.cfg.root.join("images/layers").join("a".repeat(64));
     std::fs::create_dir_all(unused_layer.join("etc")).unwrap();
+    // An address a killed ADD reserved, which no record and no cache names.
+    let ip: std::net::Ipv4Addr = lost_ip.parse().unwrap();
+    let leaked = env
+        .ipam_dir()
+        .join(std::net::Ipv4Addr::from(u32::from(ip) + 100).to_string());
+    std::fs::write(&leaked, format!("{}\r\neth0", "d".repeat(64))).unwrap();
 
     let found = live.audit();
     let kinds: BTreeSet<&str> = found.orphans.iter().map(|o| o.kind.as_str()).collect();
@@ -96,6 +102,7 @@ fn the_audit_finds_every_kind_of_orphan_and_fix_removes_exactly_those() {
             Kind::UsernsDir => o.path == userns_dir,
             Kind::PartialPull => o.path == partial,
             Kind::UnusedImageContent => o.path == unused_layer,
+            Kind::IpamReservation => o.path == leaked,
             // Namespace files and sockets carry the id's first 16 characters.
             Kind::Namespace | Kind::Socket => {
                 lost.starts_with(&o.owner) || lost_ctr.starts_with(&o.owner)
@@ -229,5 +236,42 @@ fn a_second_daemon_never_collects_the_first_ones_cgroups() {
     first.stop_pod_sandbox(&sb).unwrap();
     first.remove_pod_sandbox(&sb).unwrap();
     let _ = std::fs::remove_dir_all(&second_cfg.root);
+    env.assert_no_leaks();
+}
+
+/// A host-local reservation no record and no CNI cache names (issue 36: a plugin killed
+/// mid-ADD, the classic "no IP addresses available" leak) is found and released through CNI
+/// DEL; a live pod's reservation is left alone.
+#[test]
+fn an_ipam_reservation_no_record_names_is_released() {
+    let env = Env::new("doctor-ipam");
+    let rt = env.runtime();
+    let p = env.pod("alive", false);
+    let sb = rt.run_pod_sandbox(&p).unwrap();
+    let live = env.ipam_reservations();
+    assert_eq!(live.len(), 1, "{live:?}");
+    // The address a killed ADD left: reserved for an id nothing else names.
+    let ip: std::net::Ipv4Addr = live[0].parse().unwrap();
+    let lost = std::net::Ipv4Addr::from(u32::from(ip) + 100).to_string();
+    let lost_id = "f".repeat(64);
+    std::fs::write(env.ipam_dir().join(&lost), format!("{lost_id}\r\neth0")).unwrap();
+    let found: Vec<_> = rt
+        .audit()
+        .orphans
+        .into_iter()
+        .filter(|o| o.kind == Kind::IpamReservation)
+        .collect();
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0].owner, lost_id);
+    let fixed = rt.audit_fix(Duration::ZERO);
+    assert!(
+        fixed.orphans.iter().all(|o| o.fixed == Some(Ok(()))),
+        "{:#?}",
+        fixed.orphans
+    );
+    assert_eq!(env.ipam_reservations(), live);
+    assert!(rt.audit().orphans.is_empty());
+    rt.stop_pod_sandbox(&sb).unwrap();
+    rt.remove_pod_sandbox(&sb).unwrap();
     env.assert_no_leaks();
 }

@@ -12,6 +12,10 @@ pub enum Kind {
     RuntimeContainer,
     /// A CNI cache entry: the pod's attachment (and so its IPAM reservation) was never DELeted.
     CniCache,
+    /// A host-local IPAM reservation in a network's dir under the state root that no record
+    /// and no CNI cache names (a plugin killed mid-ADD): released by CNI DEL with today's
+    /// config.
+    IpamReservation,
     /// A mount under the state root's pod or container dirs (shm, rootfs).
     Mount,
     /// A namespace file carrying this root's tag (netns, ipc, uts, user).
@@ -35,9 +39,10 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in removal order.
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 12] = [
         Kind::RuntimeContainer,
         Kind::CniCache,
+        Kind::IpamReservation,
         Kind::Mount,
         Kind::Namespace,
         Kind::SandboxDir,
@@ -54,6 +59,7 @@ impl Kind {
         match self {
             Kind::RuntimeContainer => "runtime_container",
             Kind::CniCache => "cni_cache",
+            Kind::IpamReservation => "ipam_reservation",
             Kind::Mount => "mount",
             Kind::Namespace => "namespace",
             Kind::SandboxDir => "sandbox_dir",
