@@ -56,7 +56,7 @@ fn sandboxctl_drives_the_daemon() {
     let userns = env.cfg.root.join("userns").join("f".repeat(64));
     std::fs::create_dir_all(&partial).unwrap();
     std::fs::create_dir_all(&userns).unwrap();
-    let out = sandboxctl(&ep, &["-o", "json", "doctor"]).output().unwrap();
+    let out = sandboxctl(&ep, &["doctor", "-o", "json"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let paths: Vec<&str> = report["orphans"]

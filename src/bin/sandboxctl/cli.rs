@@ -16,18 +16,66 @@ pub struct Cli {
     #[arg(
         long,
         short = 'r',
+        global = true,
         env = "CONTAINER_RUNTIME_ENDPOINT",
         default_value = "unix:///run/sandboxd/sandboxd.sock"
     )]
     pub endpoint: String,
-    /// Per-request timeout in seconds.
+    /// Per-request timeout in seconds. After `stop` and `exec`, `--timeout` is theirs (as
+    /// with crictl); give this one before the subcommand there.
     #[arg(long, default_value_t = 240)]
     pub timeout: u64,
     /// Output format.
-    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table, global = true)]
     pub output: Output,
     #[command(subcommand)]
     pub command: Cmd,
+}
+
+/// The command line as given, with a `--timeout` after a subcommand that has none of its own
+/// moved before it: every global flag works after the subcommand too, as crictl's do (`-o`
+/// and `-r` are global to clap; `--timeout` cannot be, `stop` and `exec` have their own).
+pub fn global_flags_first(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    // The subcommand's position (a value of a flag before it, such as `-r X`, is skipped).
+    let mut at = 1;
+    while at < args.len() {
+        let a = args[at].to_string_lossy().into_owned();
+        if !a.starts_with('-') {
+            break;
+        }
+        let takes_value = matches!(
+            a.as_str(),
+            "-r" | "--endpoint" | "-o" | "--output" | "--timeout"
+        );
+        at += if takes_value { 2 } else { 1 };
+    }
+    let name = args.get(at).map(|a| a.to_string_lossy().into_owned());
+    if matches!(name.as_deref(), None | Some("stop" | "exec")) {
+        return args;
+    }
+    let mut i = at + 1;
+    while i < args.len() {
+        let a = args[i].to_string_lossy().into_owned();
+        if a == "--" {
+            break;
+        }
+        if a == "--timeout" && i + 1 < args.len() {
+            let v = args.remove(i + 1);
+            let f = args.remove(i);
+            args.insert(at, v);
+            args.insert(at, f);
+            at += 2;
+            i += 2;
+        } else if a.starts_with("--timeout=") {
+            let f = args.remove(i);
+            args.insert(at, f);
+            at += 1;
+            i += 1;
+        } else {
+            i += 1;
+        }
+    }
+    args
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -240,4 +288,32 @@ pub enum ImagesCmd {
     Inspect { image: String },
     /// Remove images.
     Rm { images: Vec<String> },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &str) -> Cli {
+        let args = line.split(' ').map(std::ffi::OsString::from).collect();
+        Cli::try_parse_from(global_flags_first(args)).unwrap()
+    }
+
+    /// crictl's habit: global flags after the subcommand (issue 36: `doctor -o json` was
+    /// refused).
+    #[test]
+    fn global_flags_work_after_the_subcommand() {
+        let c = parse("sandboxctl doctor -o json");
+        assert_eq!(c.output, Output::Json);
+        assert!(matches!(c.command, Cmd::Doctor { .. }));
+        let c = parse("sandboxctl pods -o json --timeout 7 -r unix:///x.sock");
+        assert_eq!((c.output, c.timeout), (Output::Json, 7));
+        assert_eq!(c.endpoint, "unix:///x.sock");
+        let c = parse("sandboxctl -r unix:///y.sock ps --timeout=9 -a");
+        assert_eq!((c.timeout, c.endpoint.as_str()), (9, "unix:///y.sock"));
+        // stop's own --timeout stays its own.
+        let c = parse("sandboxctl --timeout 5 stop --timeout 3 abc");
+        assert_eq!(c.timeout, 5);
+        assert!(matches!(c.command, Cmd::Stop { timeout: 3, .. }));
+    }
 }

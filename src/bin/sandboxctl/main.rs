@@ -42,7 +42,7 @@ fn grpc_err(rpc: &str, s: tonic::Status) -> String {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(cli::global_flags_first(std::env::args_os().collect()));
     if let Err(e) = run(cli).await {
         eprintln!("sandboxctl: {e}");
         std::process::exit(1);
