@@ -5,7 +5,9 @@ mod common;
 
 use std::time::Duration;
 
+use common::cri::*;
 use common::*;
+use sandboxd::api::v1 as cri;
 use sandboxd::Runtime;
 
 /// A tar of `(name, symlink target or None, data)` members.
@@ -377,5 +379,138 @@ fn a_stalled_pull_is_cancelled_a_slow_one_is_not() {
     rt.pull_image(&format!("{}/x/slow:1", fake.addr), &Default::default())
         .unwrap();
     assert!(t.elapsed() > Duration::from_secs(2), "{:?}", t.elapsed());
+    env.assert_no_leaks();
+}
+
+/// Artifacts are a namespace of their own (issue 36), each reproduced as a tenant would:
+/// two artifacts with the same empty config keep their own files; an artifact whose blob is
+/// exactly an image layer's tar does not stand in for that layer; an artifact whose config is
+/// a runnable image's config does not turn that image into an artifact.
+#[test]
+fn artifacts_have_their_own_identity_and_layers() {
+    let env = Env::new("v136-artifact-id");
+    let reg = common::registry::Registry::start(&env.base.join("registry"), None);
+    let empty = b"{}".to_vec();
+    // An image of busybox plus a layer with /marker, and its config.
+    let marker = busybox::layer_of(&[busybox::Entry::File("marker", b"the image's own layer")]);
+    let base = busybox::layer_tar();
+    let image_config = busybox::config_of(&[&base, &marker], &["sh"]);
+    let push_artifact = |repo: &str, config: &[u8], files: &[(&[u8], &str)]| {
+        reg.push_blob(repo, None, config);
+        let mut layers = Vec::new();
+        for (data, title) in files {
+            reg.push_blob(repo, None, data);
+            layers.push(serde_json::json!({"mediaType": "application/octet-stream",
+                "digest": busybox::sha(data), "size": data.len(),
+                "annotations": {"org.opencontainers.image.title": title}}));
+        }
+        let manifest = serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "artifactType": "application/vnd.example.model.v1",
+            "config": {"mediaType": "application/vnd.oci.empty.v1+json",
+                "digest": busybox::sha(config), "size": config.len()},
+            "layers": layers,
+        }))
+        .unwrap();
+        reg.push_manifest(
+            repo,
+            "v1",
+            None,
+            &manifest,
+            "application/vnd.oci.image.manifest.v1+json",
+        );
+        format!("{}/{repo}:v1", reg.addr)
+    };
+    let a = push_artifact(
+        "tenant-a/model",
+        &empty,
+        &[(b"tenant a's weights", "model.bin")],
+    );
+    let b = push_artifact(
+        "tenant-b/model",
+        &empty,
+        &[(b"tenant b's weights", "model.bin")],
+    );
+    // The same blob under another title is another file.
+    let b2 = push_artifact(
+        "tenant-b/renamed",
+        &empty,
+        &[(b"tenant b's weights", "other.bin")],
+    );
+    let poison = push_artifact("tenant-c/poison", &empty, &[(&marker, "poison")]);
+    let hijack = push_artifact("tenant-c/hijack", &image_config, &[(b"x", "x")]);
+    let (d, rt, mut c) = daemon(&env);
+    let mut ic = image_client(&rt, &d);
+    let pull =
+        |ic: &mut cri::image_service_client::ImageServiceClient<tonic::transport::Channel>,
+         name: &str|
+         -> String {
+            rt.block_on(ic.pull_image(cri::PullImageRequest {
+                image: Some(cri::ImageSpec {
+                    image: name.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }))
+            .unwrap()
+            .into_inner()
+            .image_ref
+        };
+    let ids: Vec<String> = [&a, &b, &b2, &poison]
+        .iter()
+        .map(|n| pull(&mut ic, n))
+        .collect();
+    let unique: std::collections::HashSet<&String> = ids.iter().collect();
+    assert_eq!(unique.len(), 4, "each artifact is its own image: {ids:?}");
+    // The image is pulled after the artifact whose blob is its layer's tar, then an artifact
+    // with its config.
+    let gz = |t: &[u8]| busybox::stored_gzip(t);
+    reg.push_image(
+        "tenant-d/app",
+        "v1",
+        None,
+        &[gz(&base), gz(&marker)],
+        &image_config,
+    );
+    let app = format!("{}/tenant-d/app:v1", reg.addr);
+    let app_id = pull(&mut ic, &app);
+    assert_eq!(app_id, busybox::sha(&image_config));
+    let hijack_id = pull(&mut ic, &hijack);
+    assert_ne!(hijack_id, app_id);
+    let p = pod("artifact-id", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    let vol = |path: &str, name: &str| cri::Mount {
+        container_path: path.into(),
+        image: Some(cri::ImageSpec {
+            image: name.into(),
+            ..Default::default()
+        }),
+        readonly: true,
+        ..Default::default()
+    };
+    let mut cfg = ctr("app", &["sleep", "1000"], serde_json::json!({}));
+    cfg.image = Some(cri::ImageSpec {
+        image: app.clone(),
+        ..Default::default()
+    });
+    cfg.mounts = vec![vol("/a", &a), vol("/b", &b), vol("/b2", &b2)];
+    let id = create(&rt, &mut c, &sb, &p, cfg).expect("the image is still a runnable image");
+    start(&rt, &mut c, &id);
+    assert_eq!(
+        exec(&rt, &mut c, &id, "cat /marker"),
+        "the image's own layer"
+    );
+    assert!(!exec(&rt, &mut c, &id, "ls /").contains("poison"));
+    assert_eq!(
+        exec(&rt, &mut c, &id, "cat /a/model.bin"),
+        "tenant a's weights"
+    );
+    assert_eq!(
+        exec(&rt, &mut c, &id, "cat /b/model.bin"),
+        "tenant b's weights"
+    );
+    assert_eq!(exec(&rt, &mut c, &id, "ls /b2"), "other.bin\n");
+    remove_pod(&rt, &mut c, &sb);
     env.assert_no_leaks();
 }
