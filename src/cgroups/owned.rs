@@ -12,11 +12,13 @@ fn dir(root: &Path) -> PathBuf {
     root.join("cgroups")
 }
 
-/// Writes down (durably) that pod `id`'s cgroup `cgroup` is ours.
+/// Writes down that pod `id`'s cgroup `cgroup` is ours. No fsync: cgroups do not outlive
+/// the node's memory, so the note need only outlive the daemon's process (the page cache
+/// holds it), and RunPodSandbox pays no disk flush for it.
 pub(crate) fn note(root: &Path, id: &str, cgroup: &str) -> Result<(), HostError> {
     let d = dir(root);
     crate::state::files::private_dir_all(&d)?;
-    crate::state::write_atomic(&d.join(id), cgroup.as_bytes())
+    crate::state::files::write_private(&d.join(id), cgroup.as_bytes())
 }
 
 /// Erases the note of pod `id` (none: fine).
