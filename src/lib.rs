@@ -116,6 +116,15 @@ impl Runtime {
         self.nri.stop_listening();
     }
 
+    /// At a clean shutdown: the cgroup parent the daemon named itself (the per-root default,
+    /// cgroupfs driver) is removed from each hierarchy where it is empty, so a short-lived
+    /// daemon (critest's, a test's) leaves no dir behind; with pods left it stays.
+    pub fn release_cgroup_parent(&self) {
+        if self.own_cgroup_parent && self.cgroup_driver == cgroups::Driver::Cgroupfs {
+            let _ = cgroups::remove(&self.cfg.cgroup_parent);
+        }
+    }
+
     /// RunPodSandbox: returns the new (or, for a retried request, the existing) sandbox id.
     pub fn run_pod_sandbox(&self, config: &PodSandboxConfig) -> Result<String> {
         sandbox::run::run(self, config)

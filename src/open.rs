@@ -46,6 +46,7 @@ impl Runtime {
 
     fn open(mut cfg: Config, host: Arc<dyn Host>) -> Result<Self> {
         check_root(&cfg.root)?;
+        let own_cgroup_parent = cfg.cgroup_parent.is_empty();
         cfg.cgroup_parent = cfg.effective_cgroup_parent();
         // Refuse an unusable pause binary before anything is created.
         let pause = Config::helper_path(&cfg.pause_path, "sandboxd-pause").filter(|p| p.is_file());
@@ -194,6 +195,7 @@ impl Runtime {
             pull_slots,
             infra_rootfs,
             root_tag,
+            own_cgroup_parent,
             quarantine: Mutex::new(state::Quarantine::default()),
             exec_output: process::OutputBudget::new(cfg_budget),
             exec_slots: process::ExecSlots::default(),

@@ -275,8 +275,11 @@ pub async fn serve(
     audit.abort();
     rt.stop_nri();
     // A trial container half-made when the process exits would outlive it.
-    let _ = tokio::task::spawn_blocking(move || rt.stop_probe(std::time::Duration::from_secs(10)))
-        .await;
+    let _ = tokio::task::spawn_blocking(move || {
+        rt.stop_probe(std::time::Duration::from_secs(10));
+        rt.release_cgroup_parent();
+    })
+    .await;
     let _ = std::fs::remove_file(&socket);
     result.map_err(|e| Error::Config(format!("gRPC server: {e}")))
 }

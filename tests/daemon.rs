@@ -558,3 +558,37 @@ fn a_socket_path_as_authority_is_served() {
     let text = String::from_utf8_lossy(&answer.1);
     assert!(text.contains("sandboxd"), "{text:?}");
 }
+
+/// With no `cgroup_parent` configured the parent is the state root's own (issue 36: two
+/// daemons shared `/sandboxd`): pods that name none get their cgroup under it, and a clean
+/// shutdown with no pod left removes it, so a short-lived daemon leaves nothing in the node's
+/// hierarchies.
+#[test]
+fn the_default_cgroup_parent_is_the_roots_own_and_goes_at_shutdown() {
+    use common::cri::{daemon_with, pod, remove_pod, run_pod, sleeper};
+    let env = Env::new("cg-parent");
+    let mut cfg = env.cfg.clone();
+    cfg.cgroup_parent = String::new();
+    let parent = cfg.effective_cgroup_parent();
+    assert!(parent.starts_with("/sandboxd-") && parent != env.cfg.cgroup_parent);
+    let (mut d, rt, mut c) = daemon_with(&env, &cfg);
+    let p = pod("cgp", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    let _id = sleeper(&rt, &mut c, &sb, &p, "s");
+    let cg = sandboxd::cgroups::Driver::resolve(cfg.cgroup_driver)
+        .unwrap()
+        .own_pod_cgroup(&parent, &sb);
+    assert!(
+        sandboxd::cgroups::controller_dir("memory", &cg).is_some_and(|d| d.is_dir()),
+        "{cg}"
+    );
+    remove_pod(&rt, &mut c, &sb);
+    assert_eq!(d.sigterm().code(), Some(0));
+    if !sandboxd::cgroups::systemd::booted() {
+        for h in sandboxd::cgroups::hierarchies() {
+            let dir = h.mount_point.join(parent.trim_start_matches('/'));
+            assert!(!dir.exists(), "{} left", dir.display());
+        }
+    }
+    env.assert_no_leaks();
+}

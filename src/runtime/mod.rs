@@ -44,6 +44,8 @@ pub struct Runtime {
     /// Short tag of the state root, part of every namespace file name, so several daemons
     /// sharing a netns dir never collect each other's files.
     pub(crate) root_tag: String,
+    /// The cgroup parent is the per-root default the daemon named itself (none configured).
+    pub(crate) own_cgroup_parent: bool,
     /// Records found unreadable at start-up (left alone until removed explicitly).
     pub(crate) quarantine: Mutex<state::Quarantine>,
     /// ExecSync calls running, per container and in all (`exec_sync_max*`).
