@@ -584,11 +584,21 @@ fn the_default_cgroup_parent_is_the_roots_own_and_goes_at_shutdown() {
     );
     remove_pod(&rt, &mut c, &sb);
     assert_eq!(d.sigterm().code(), Some(0));
-    if !sandboxd::cgroups::systemd::booted() {
-        for h in sandboxd::cgroups::hierarchies() {
-            let dir = h.mount_point.join(parent.trim_start_matches('/'));
-            assert!(!dir.exists(), "{} left", dir.display());
+    let gone = || {
+        if !sandboxd::cgroups::systemd::booted() {
+            for h in sandboxd::cgroups::hierarchies() {
+                let dir = h.mount_point.join(parent.trim_start_matches('/'));
+                assert!(!dir.exists(), "{} left", dir.display());
+            }
         }
-    }
+    };
+    gone();
+    // A library user's runtime, dropped, likewise.
+    let lib = sandboxd::Runtime::new(cfg.clone()).unwrap();
+    let sb = lib.run_pod_sandbox(&env.pod("lib", false)).unwrap();
+    lib.stop_pod_sandbox(&sb).unwrap();
+    lib.remove_pod_sandbox(&sb).unwrap();
+    drop(lib);
+    gone();
     env.assert_no_leaks();
 }

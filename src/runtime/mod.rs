@@ -79,6 +79,15 @@ pub(crate) struct PullCell {
     callers: Mutex<Vec<image::PullCaller>>,
 }
 
+impl Drop for Runtime {
+    /// A library user's runtime (a benchmark's, a harness's) going away: the cgroup parent it
+    /// named itself goes too where empty (its start-up probe's trial made it), as at a
+    /// daemon's clean shutdown.
+    fn drop(&mut self) {
+        self.release_cgroup_parent();
+    }
+}
+
 impl Runtime {
     /// The configuration the runtime was opened with.
     pub fn config(&self) -> &Config {
