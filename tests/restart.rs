@@ -406,3 +406,114 @@ fn a_record_of_the_older_format_is_migrated_at_restore() {
     );
     env.assert_no_leaks();
 }
+
+/// Starts a process (`sleep`) that gets `pid`, as boot-time services take the pids a node's
+/// last boot recorded: by setting the next pid (`ns_last_pid`) and retrying while other
+/// processes of the host race for it. `None` if the pid never came free.
+fn take_pid(pid: i32) -> Option<std::process::Child> {
+    for _ in 0..200 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).ok()?;
+        let mut c = Command::new("sleep").arg("1000").spawn().ok()?;
+        if c.id() as i32 == pid {
+            return Some(c);
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    None
+}
+
+/// Issue 37: pids recorded before a reboot are not trusted. Every pod process dies as at a
+/// reboot (monitors first, so none records an exit), then unrelated processes take the
+/// recorded pids of the infra, the container and both monitors. The next runtime reports the
+/// container EXITED and the pod NOTREADY, and stops and removes them at once — never waiting
+/// on, nor signalling, the processes that hold those pids now.
+#[test]
+fn pids_taken_by_other_processes_are_not_the_pods() {
+    let env = Env::new("pidreuse");
+    let rt = env.runtime();
+    rt.images()
+        .import(
+            &busybox::oci_layout(&env.base, "sandboxd.test/busybox:latest"),
+            None,
+        )
+        .unwrap();
+    let sb = rt.run_pod_sandbox(&env.pod("reuse", true)).unwrap();
+    let c = sandboxd::ContainerConfig {
+        metadata: sandboxd::ContainerMetadata {
+            name: "sleeper".into(),
+            attempt: 0,
+        },
+        image: "sandboxd.test/busybox:latest".into(),
+        command: vec!["sleep".into(), "3600".into()],
+        ..Default::default()
+    };
+    let ctr = rt.create_container(&sb, &c).unwrap();
+    rt.start_container(&ctr).unwrap();
+    let read_pid =
+        |p: &Path| -> i32 { std::fs::read_to_string(p).unwrap().trim().parse().unwrap() };
+    let monitors = [
+        read_pid(
+            &env.cfg
+                .root
+                .join("sandboxes")
+                .join(&sb)
+                .join("infra/monitor.pid"),
+        ),
+        read_pid(
+            &env.cfg
+                .root
+                .join("containers")
+                .join(&ctr)
+                .join("monitor.pid"),
+        ),
+    ];
+    let procs = [
+        rt.pod_sandbox_status(&sb).unwrap().infra_pid.unwrap(),
+        rt.container_status(&ctr).unwrap().pid,
+    ];
+    drop(rt);
+    for p in monitors.iter().chain(&procs) {
+        sh(&format!("kill -KILL {p}"));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while monitors
+        .iter()
+        .chain(&procs)
+        .any(|p| Path::new(&format!("/proc/{p}")).exists())
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pod's processes did not go"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut impostors: Vec<std::process::Child> = monitors
+        .iter()
+        .chain(&procs)
+        .map(|p| take_pid(*p).unwrap_or_else(|| panic!("pid {p} never came free")))
+        .collect();
+    let rt = env.runtime();
+    let st = rt.container_status(&ctr).unwrap();
+    assert_eq!(st.state, ContainerState::Exited, "{st:?}");
+    assert_eq!(st.exit_code, 255);
+    assert_eq!(
+        rt.pod_sandbox_status(&sb).unwrap().state,
+        SandboxState::NotReady
+    );
+    let t = std::time::Instant::now();
+    rt.stop_pod_sandbox(&sb).unwrap();
+    rt.remove_pod_sandbox(&sb).unwrap();
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        t.elapsed()
+    );
+    for i in &mut impostors {
+        assert!(i.try_wait().unwrap().is_none(), "an impostor was signalled");
+        let _ = i.kill();
+        let _ = i.wait();
+    }
+    env.assert_no_leaks();
+}

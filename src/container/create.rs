@@ -132,6 +132,8 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
         reason: String::new(),
         message: String::new(),
         pid: 0,
+        pid_start: 0,
+        boot_id: String::new(),
         dir: rt.cfg.root.join("containers").join(&id),
         log_path,
         cgroup: crate::cgroups::child(&sb.pod_cgroup(&rt.cfg), &id),
@@ -410,9 +412,12 @@ fn build(
                 "cannot detach a staged mount after create");
         }
     }
+    let who = crate::process::ProcId::now(pid);
     entry.update(|r| {
         r.state = ContainerState::Created;
         r.pid = pid;
+        r.pid_start = who.start_ticks;
+        r.boot_id = who.boot_id;
     })
 }
 
@@ -430,7 +435,7 @@ fn namespaces(
     let infra_ns = |proc_name: &str| {
         sb.infra
             .as_ref()
-            .filter(|i| i.started && !i.stopped && i.pid > 0)
+            .filter(|i| i.started && !i.stopped && super::infra_proc(sb, i).alive())
             .map(|i| PathBuf::from(format!("/proc/{}/ns/{proc_name}", i.pid)))
     };
     let mut out = vec![ns(T::Mount, None)];
@@ -454,7 +459,10 @@ fn namespaces(
         NamespaceMode::Pod => out.push(ns(T::Pid, infra_ns("pid"))),
         NamespaceMode::Target => {
             let target = rt.container_record(&c.security.target_id)?;
-            if target.state != ContainerState::Running || target.sandbox_id != sb.id {
+            if target.state != ContainerState::Running
+                || target.sandbox_id != sb.id
+                || !super::init_proc(&target).alive()
+            {
                 return Err(Error::InvalidArgument(format!(
                     "security_context.namespace_options.target_id {}: not a running container of this pod",
                     c.security.target_id

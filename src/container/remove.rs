@@ -122,11 +122,9 @@ pub(crate) fn teardown(rt: &Runtime, entry: &ContainerEntry) -> Result<()> {
         rec.state,
         ContainerState::Creating | ContainerState::Unknown
     ) {
-        if let Some(m) = rec.files().monitor_pid().filter(|p| *p > 1) {
-            if crate::process::alive(m) {
-                crate::process::kill_tree(m);
-                crate::process::wait_gone(&[m], Duration::from_secs(2));
-            }
+        if let Some(m) = rec.files().live_monitor() {
+            crate::process::kill_tree(m);
+            crate::process::wait_gone(&[m], Duration::from_secs(2));
         }
     }
     match rt.handler(&rec.runtime_handler) {

@@ -45,7 +45,7 @@ pub(crate) fn start(rt: &Runtime, id: &str) -> Result<()> {
     }
     // Taken before the call: the process may run (and exit) before `start` returns.
     let started = now_nanos();
-    let started_call = match monitor_stdio(&rec.dir, files.monitor_pid()) {
+    let started_call = match monitor_stdio(&rec.dir, files.live_monitor()) {
         Some(stdio) => runtime.start_with_stdio(&rec.id, &files.runtime_log, stdio),
         None => rt.host.runtime_start(runtime, &rec.id, &files.runtime_log),
     };

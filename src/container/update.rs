@@ -70,9 +70,9 @@ pub(crate) fn reopen_log(rt: &Runtime, id: &str) -> Result<()> {
     if files.log_path.is_none() {
         return Ok(()); // no log: nothing to reopen
     }
-    let pid = files
-        .monitor_pid()
-        .ok_or_else(|| Error::FailedPrecondition(format!("container {} has no monitor", rec.id)))?;
+    let pid = files.live_monitor().ok_or_else(|| {
+        Error::FailedPrecondition(format!("container {} has no live monitor", rec.id))
+    })?;
     let step = |what: &'static str, e: std::io::Error| {
         Error::step("reopen log", &rec.id, HostError::io(what, &rec.dir, e))
     };

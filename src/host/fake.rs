@@ -419,8 +419,13 @@ impl Host for FakeHost {
         Ok(())
     }
 
-    fn wait_exit(&self, _files: &ContainerFiles, pid: i32, _limit: Duration) -> Result<(), String> {
-        match self.call(Op::WaitExit, pid.to_string()) {
+    fn wait_exit(
+        &self,
+        _files: &ContainerFiles,
+        proc: &crate::process::ProcId,
+        _limit: Duration,
+    ) -> Result<(), String> {
+        match self.call(Op::WaitExit, proc.pid.to_string()) {
             Some(msg) => Err(msg),
             None => Ok(()),
         }

@@ -138,7 +138,12 @@ pub(crate) trait Host: Send + Sync {
 
     /// Waits for the monitor to record the exit, or the process to be gone
     /// (`ContainerFiles::wait_exit`).
-    fn wait_exit(&self, files: &ContainerFiles, pid: i32, limit: Duration) -> Result<(), String>;
+    fn wait_exit(
+        &self,
+        files: &ContainerFiles,
+        proc: &crate::process::ProcId,
+        limit: Duration,
+    ) -> Result<(), String>;
 
     /// `runtime delete --force`; unknown is success (`OciRuntime::delete`).
     fn runtime_delete(
@@ -298,8 +303,13 @@ impl Host for RealHost {
         timed(Step::RuntimeStop, || runtime.kill(id, signal, all, log))
     }
 
-    fn wait_exit(&self, files: &ContainerFiles, pid: i32, limit: Duration) -> Result<(), String> {
-        timed(Step::RuntimeStop, || files.wait_exit(pid, limit))
+    fn wait_exit(
+        &self,
+        files: &ContainerFiles,
+        proc: &crate::process::ProcId,
+        limit: Duration,
+    ) -> Result<(), String> {
+        timed(Step::RuntimeStop, || files.wait_exit(proc, limit))
     }
 
     fn runtime_delete(

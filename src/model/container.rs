@@ -285,6 +285,13 @@ pub struct ContainerRecord {
     pub message: String,
     /// Host pid of the container's init process (from the runtime's `create`); 0 before.
     pub pid: i32,
+    /// That process's start time in clock ticks since boot, read when `pid` was recorded:
+    /// with `boot_id`, what tells it from a later process given the same pid.
+    #[serde(default)]
+    pub pid_start: u64,
+    /// The boot `pid` was recorded in (`/proc/sys/kernel/random/boot_id`).
+    #[serde(default)]
+    pub boot_id: String,
     /// The container's dir, `<root>/containers/<id>`: bundle, record, monitor files.
     pub dir: PathBuf,
     /// The CRI log file: the pod's `log_directory` joined with `config.log_path`; `None` if

@@ -302,6 +302,11 @@ pub struct InfraRecord {
     pub id: String,
     /// Host pid of the infra (pause) process; 0 until the runtime's `create` returned.
     pub pid: i32,
+    /// Its start time in clock ticks since boot, read when `pid` was recorded (see
+    /// `ContainerRecord::pid_start`).
+    pub pid_start: u64,
+    /// The boot `pid` was recorded in.
+    pub boot_id: String,
     /// The runtime's `create` succeeded.
     pub created: bool,
     /// The runtime's `start` succeeded.

@@ -45,9 +45,11 @@ impl crate::model::container::ContainerRecord {
 
 impl ContainerFiles {
     /// Waits until the monitor wrote the exit file, or (monitor gone) the process is gone.
-    pub fn wait_exit(&self, pid: i32, limit: Duration) -> Result<(), String> {
+    /// `proc` is the process as recorded: a pid another process holds now (after a reboot,
+    /// say) is gone.
+    pub fn wait_exit(&self, proc: &crate::process::ProcId, limit: Duration) -> Result<(), String> {
         let started = Instant::now();
-        let r = wait_exit_since(started, self, pid, limit);
+        let r = wait_exit_since(started, self, proc, limit);
         crate::counters::add(crate::counters::Wait::OtherProcess, started.elapsed());
         r
     }
@@ -95,10 +97,17 @@ impl ContainerFiles {
         process::read_pid(&self.monitor_pid_file)
     }
 
+    /// The monitor's pid while it is alive and still the monitor: a pid another process
+    /// holds now (the monitor exited, or the node rebooted since it wrote the file) is none.
+    pub fn live_monitor(&self) -> Option<i32> {
+        self.monitor_pid()
+            .filter(|p| *p > 1 && process::alive_as_written(*p, &self.monitor_pid_file))
+    }
+
     /// The monitor is gone and recorded no exit: nobody ever will. (The one check of a dead
     /// monitor: the status refresh and the start-up restore ask it.)
     pub fn monitor_gone_without_exit(&self) -> bool {
-        !self.monitor_pid().is_some_and(process::alive) && self.exit().is_none()
+        self.live_monitor().is_none() && self.exit().is_none()
     }
 
     /// When the container exited, as the monitor recorded it at the reap (before the drain
@@ -115,11 +124,14 @@ impl ContainerFiles {
 fn wait_exit_since(
     started: Instant,
     files: &ContainerFiles,
-    pid: i32,
+    proc: &crate::process::ProcId,
     limit: Duration,
 ) -> Result<(), String> {
     let deadline = started + limit;
-    let monitor = files.monitor_pid(); // written before create returned; never changes
+    let pid = proc.pid;
+    // Written before create returned; never changes. Checked once: a monitor that is not
+    // ours (the pid taken by another process) is never waited for.
+    let monitor = files.live_monitor();
     let mut delay = Duration::from_micros(100);
     // When the process was first seen exited (a zombie its monitor does not reap, or gone
     // with no exit recorded): a monitor that is stopped or dead never records the exit.
@@ -128,7 +140,7 @@ fn wait_exit_since(
         if files.exit().is_some() {
             return Ok(());
         }
-        let process_exited = !crate::process::alive(pid);
+        let process_exited = !proc.alive();
         let monitor_alive = monitor.is_some_and(crate::process::alive);
         if process_exited && !monitor_alive {
             return Ok(());

@@ -30,7 +30,8 @@ pub use sandboxd_shim_common::fd::pidfd_open;
 pub(crate) use slots::ExecSlots;
 pub use spawn::{spawn, Within};
 pub use tree::{
-    alive, group_members, kill_tree, proc_stat, start_time_nanos, wait_gone, wait_reaped, ProcStat,
+    alive, alive_as_written, boot_id, boot_time_nanos, group_members, kill_tree, proc_stat,
+    start_time_nanos, wait_gone, wait_reaped, ProcId, ProcStat,
 };
 
 #[cfg(test)]

@@ -124,3 +124,47 @@ fn missing_program() {
     let e = run(c, b"", Duration::from_secs(1)).unwrap_err();
     assert!(e.to_string().contains("/nonexistent/prog"), "{e}");
 }
+
+/// A recorded pid names its process only while start time and boot match: another start time
+/// (a later process given the pid), another boot, or (records without either) a record made
+/// before this boot is a dead process.
+#[test]
+fn a_recorded_pid_is_its_process_only_while_start_time_and_boot_match() {
+    let me = ProcId::now(std::process::id() as i32);
+    assert!(me.start_ticks > 0 && !me.boot_id.is_empty());
+    assert!(me.alive());
+    assert!(!ProcId {
+        start_ticks: me.start_ticks + 1,
+        ..me.clone()
+    }
+    .alive());
+    assert!(!ProcId {
+        boot_id: "another-boot".into(),
+        ..me.clone()
+    }
+    .alive());
+    let legacy = ProcId {
+        start_ticks: 0,
+        boot_id: String::new(),
+        ..me.clone()
+    };
+    assert!(ProcId {
+        recorded_at: crate::state::now_nanos(),
+        ..legacy.clone()
+    }
+    .alive());
+    assert!(!ProcId {
+        recorded_at: 1,
+        ..legacy
+    }
+    .alive());
+    // A pid file: written after the process started (ours) or before this boot.
+    let f = std::env::temp_dir().join(format!("sandboxd-pidfile-{}", std::process::id()));
+    std::fs::write(&f, me.pid.to_string()).unwrap();
+    assert!(alive_as_written(me.pid, &f));
+    let old = std::fs::File::options().write(true).open(&f).unwrap();
+    old.set_modified(std::time::UNIX_EPOCH + Duration::from_secs(1))
+        .unwrap();
+    assert!(!alive_as_written(me.pid, &f));
+    std::fs::remove_file(&f).unwrap();
+}

@@ -69,6 +69,101 @@ pub fn start_time_nanos(pid: i32) -> Option<i64> {
     )
 }
 
+/// This boot's id (`/proc/sys/kernel/random/boot_id`), read once; empty if unreadable.
+pub fn boot_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    })
+}
+
+/// When this boot began, as Unix time in nanoseconds (`btime`, whole seconds: the true
+/// moment is at most a second later), read once.
+pub fn boot_time_nanos() -> Option<i64> {
+    static BTIME: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    *BTIME.get_or_init(|| {
+        let s: i64 = std::fs::read_to_string("/proc/stat")
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("btime "))?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(s * 1_000_000_000)
+    })
+}
+
+/// A process as recorded: its pid, and what tells it from a later process given the same
+/// number — after it exited, or after a reboot, when numbering starts again and boot-time
+/// services take the low pids. A recorded pid is believed, waited on or signalled only
+/// while [`ProcId::alive`] says it is still that process.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcId {
+    pub pid: i32,
+    /// Its start time in clock ticks since boot (`/proc/PID/stat` field 22); 0: not
+    /// recorded (a record of an older version).
+    pub start_ticks: u64,
+    /// The boot it ran in; empty: not recorded.
+    pub boot_id: String,
+    /// When the record was made (Unix ns), for records without the two above: one made
+    /// before this boot names another boot's process.
+    pub recorded_at: i64,
+}
+
+impl ProcId {
+    /// `pid` as it is now (its start time, this boot), to be recorded.
+    pub fn now(pid: i32) -> ProcId {
+        ProcId {
+            pid,
+            start_ticks: proc_stat(pid).map_or(0, |s| s.start_time),
+            boot_id: boot_id().to_string(),
+            recorded_at: 0,
+        }
+    }
+
+    /// Is the recorded process alive (a zombie is not)? A pid from another boot, or held now
+    /// by a process that started at another time, is not.
+    pub fn alive(&self) -> bool {
+        if self.pid <= 0 {
+            return false;
+        }
+        if !self.boot_id.is_empty() && self.boot_id != boot_id() {
+            return false;
+        }
+        if self.boot_id.is_empty()
+            && self.recorded_at > 0
+            && boot_time_nanos().is_some_and(|b| self.recorded_at < b)
+        {
+            return false;
+        }
+        proc_stat(self.pid).is_some_and(|st| {
+            !matches!(st.state, 'Z' | 'X' | 'x')
+                && (self.start_ticks == 0 || st.start_time == self.start_ticks)
+        })
+    }
+}
+
+/// Is `pid`, as a process wrote it to `file` when it started (a monitor's `monitor.pid`),
+/// still that process? Not when the file was written before this boot, nor when the process
+/// holding the pid now started after the file was written (start times from `btime` are
+/// exact to a second: 2 s of slack).
+pub fn alive_as_written(pid: i32, file: &std::path::Path) -> bool {
+    let Some(written) = std::fs::metadata(file)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_nanos() as i64)
+    else {
+        return false;
+    };
+    if boot_time_nanos().is_some_and(|b| written < b) {
+        return false;
+    }
+    alive(pid) && start_time_nanos(pid).is_some_and(|s| s <= written + 2_000_000_000)
+}
+
 /// Every process whose process group or session is `leader` (host pid numbering).
 pub fn group_members(leader: i32) -> Vec<i32> {
     let Ok(rd) = std::fs::read_dir("/proc") else {

@@ -66,10 +66,8 @@ pub(crate) fn check(entry: &SandboxEntry) {
         return;
     }
     let exit = ContainerFiles::in_dir(&rec.infra_dir(), None).exit();
-    let gone = exit.is_some()
-        || (infra.pid > 0
-            && nix::sys::signal::kill(nix::unistd::Pid::from_raw(infra.pid), None)
-                == Err(nix::errno::Errno::ESRCH));
+    let gone =
+        exit.is_some() || (infra.pid > 0 && !crate::container::infra_proc(&rec, infra).alive());
     if !gone {
         return;
     }

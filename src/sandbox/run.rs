@@ -353,10 +353,13 @@ fn start_infra(
         .host
         .runtime_create(runtime, id, &infra_dir, &files)
         .map_err(|e| Error::step("create infra container", id, e))?;
+    let who = crate::process::ProcId::now(pid);
     entry.note(|r| {
         if let Some(i) = r.infra.as_mut() {
             i.created = true;
             i.pid = pid;
+            i.pid_start = who.start_ticks;
+            i.boot_id = who.boot_id;
         }
     });
     failpoint::hit("run:infra-created");

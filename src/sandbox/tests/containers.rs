@@ -39,6 +39,8 @@ fn created(h: &Harness, tag: &str) -> String {
         message: String::new(),
         // No such process: the verbs learn everything from the (fake) runtime.
         pid: i32::MAX,
+        pid_start: 0,
+        boot_id: String::new(),
         dir: dir.clone(),
         log_path: None,
         cgroup: format!("/sandboxd-unit/sandboxd-{id}"),
