@@ -435,7 +435,7 @@ fn namespaces(
     let infra_ns = |proc_name: &str| {
         sb.infra
             .as_ref()
-            .filter(|i| i.started && !i.stopped && super::infra_proc(sb, i).alive())
+            .filter(|i| i.started && !i.stopped && sb.infra_proc(i).alive())
             .map(|i| PathBuf::from(format!("/proc/{}/ns/{proc_name}", i.pid)))
     };
     let mut out = vec![ns(T::Mount, None)];
@@ -461,7 +461,7 @@ fn namespaces(
             let target = rt.container_record(&c.security.target_id)?;
             if target.state != ContainerState::Running
                 || target.sandbox_id != sb.id
-                || !super::init_proc(&target).alive()
+                || !target.init_proc().alive()
             {
                 return Err(Error::InvalidArgument(format!(
                     "security_context.namespace_options.target_id {}: not a running container of this pod",

@@ -23,27 +23,3 @@ pub(crate) mod update;
 pub use exec::MAX_EXEC_OUTPUT;
 
 pub use crate::model::container::*;
-
-/// The container's init process as recorded: believed alive only while its pid still names
-/// that process (`process::ProcId`).
-pub(crate) fn init_proc(rec: &ContainerRecord) -> crate::process::ProcId {
-    crate::process::ProcId {
-        pid: rec.pid,
-        start_ticks: rec.pid_start,
-        boot_id: rec.boot_id.clone(),
-        recorded_at: rec.created_at,
-    }
-}
-
-/// A pod's infra process as recorded (as [`init_proc`]).
-pub(crate) fn infra_proc(
-    sb: &crate::model::sandbox::SandboxRecord,
-    infra: &crate::model::sandbox::InfraRecord,
-) -> crate::process::ProcId {
-    crate::process::ProcId {
-        pid: infra.pid,
-        start_ticks: infra.pid_start,
-        boot_id: infra.boot_id.clone(),
-        recorded_at: sb.created_at,
-    }
-}

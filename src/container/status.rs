@@ -67,7 +67,7 @@ pub(crate) fn refresh_within(
         // No exit recorded: if the monitor died and the container's processes are gone too,
         // nothing will ever record it.
         if rec.state == ContainerState::Running
-            && !super::init_proc(&rec).alive()
+            && !rec.init_proc().alive()
             && files.monitor_pid().is_some()
             && files.monitor_gone_without_exit()
         {

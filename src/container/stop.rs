@@ -46,11 +46,7 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &ContainerEntry, timeout: Duratio
         {
             Ok(()) => {
                 failpoint::hit("stopctr:signalled");
-                if rt
-                    .host
-                    .wait_exit(&files, &super::init_proc(&rec), timeout)
-                    .is_ok()
-                {
+                if rt.host.wait_exit(&files, &rec.init_proc(), timeout).is_ok() {
                     if all {
                         // What the init left behind in the shared namespace goes with it.
                         if let Err(e) =
@@ -76,7 +72,7 @@ pub(crate) fn stop_locked(rt: &Runtime, entry: &ContainerEntry, timeout: Duratio
         .map_err(|e| Error::step("kill container", &rec.id, e))?;
     failpoint::hit("stopctr:killed");
     rt.host
-        .wait_exit(&files, &super::init_proc(&rec), Duration::from_secs(10))
+        .wait_exit(&files, &rec.init_proc(), Duration::from_secs(10))
         .map_err(|e| Error::step("kill container", &rec.id, e))?;
     refresh(rt, entry);
     finish_stop(rt, entry)

@@ -419,3 +419,16 @@ pub enum AppArmor {
     /// A profile loaded on the node, by name.
     Localhost(String),
 }
+
+impl ContainerRecord {
+    /// The container's init process as recorded: believed alive only while its pid still
+    /// names that process (`process::ProcId`).
+    pub fn init_proc(&self) -> crate::process::ProcId {
+        crate::process::ProcId {
+            pid: self.pid,
+            start_ticks: self.pid_start,
+            boot_id: self.boot_id.clone(),
+            recorded_at: self.created_at,
+        }
+    }
+}

@@ -508,3 +508,15 @@ impl SandboxFilter {
                 .all(|(k, v)| r.config.labels.get(k) == Some(v))
     }
 }
+
+impl SandboxRecord {
+    /// The pod's infra process as recorded (as `ContainerRecord::init_proc`).
+    pub fn infra_proc(&self, infra: &InfraRecord) -> crate::process::ProcId {
+        crate::process::ProcId {
+            pid: infra.pid,
+            start_ticks: infra.pid_start,
+            boot_id: infra.boot_id.clone(),
+            recorded_at: self.created_at,
+        }
+    }
+}

@@ -50,23 +50,14 @@ fn parse_stat(text: &str) -> Option<ProcStat> {
 /// ticks since boot and the boot time).
 pub fn start_time_nanos(pid: i32) -> Option<i64> {
     let ticks = proc_stat(pid)?.start_time;
-    let btime: i64 = std::fs::read_to_string("/proc/stat")
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("btime "))?
-        .trim()
-        .parse()
-        .ok()?;
+    let btime = boot_time_nanos()?;
     // SAFETY: sysconf takes an integer name and reads no memory of ours.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if hz <= 0 {
         return None;
     }
     let hz = hz as u64;
-    Some(
-        btime * 1_000_000_000
-            + (ticks / hz * 1_000_000_000 + ticks % hz * 1_000_000_000 / hz) as i64,
-    )
+    Some(btime + (ticks / hz * 1_000_000_000 + ticks % hz * 1_000_000_000 / hz) as i64)
 }
 
 /// This boot's id (`/proc/sys/kernel/random/boot_id`), read once; empty if unreadable.

@@ -66,8 +66,7 @@ pub(crate) fn check(entry: &SandboxEntry) {
         return;
     }
     let exit = ContainerFiles::in_dir(&rec.infra_dir(), None).exit();
-    let gone =
-        exit.is_some() || (infra.pid > 0 && !crate::container::infra_proc(&rec, infra).alive());
+    let gone = exit.is_some() || (infra.pid > 0 && !rec.infra_proc(infra).alive());
     if !gone {
         return;
     }

@@ -240,10 +240,6 @@ fn stop_infra(rt: &Runtime, rec: &SandboxRecord, infra: &InfraRecord) -> Result<
         .runtime_kill(runtime, &infra.id, "KILL", false, &files.runtime_log)
         .map_err(|e| Error::step("stop infra container", &rec.id, e))?;
     rt.host
-        .wait_exit(
-            &files,
-            &crate::container::infra_proc(rec, infra),
-            Duration::from_secs(10),
-        )
+        .wait_exit(&files, &rec.infra_proc(infra), Duration::from_secs(10))
         .map_err(|e| Error::step("stop infra container", &rec.id, e))
 }
