@@ -407,6 +407,69 @@ fn a_record_of_the_older_format_is_migrated_at_restore() {
     env.assert_no_leaks();
 }
 
+/// Records carry their format: this build writes [`sandboxd::model::RECORD_FORMAT`], and a
+/// record of a newer format (a downgrade) is not read as this build understands it but
+/// quarantined with a message naming the format — its pod listed NotReady, nothing it owns
+/// collected — until RemovePodSandbox / RemoveContainer of its id tears it down.
+#[test]
+fn a_record_of_a_newer_format_is_refused_by_name() {
+    const IMAGE: &str = "sandboxd.test/busybox:latest";
+    let env = Env::new("newerfmt");
+    let rt = env.runtime();
+    rt.images()
+        .import(&busybox::oci_layout(&env.base, IMAGE), None)
+        .unwrap();
+    let sb = rt.run_pod_sandbox(&env.pod("newer", false)).unwrap();
+    let kept = rt.run_pod_sandbox(&env.pod("kept", false)).unwrap();
+    let ctr = sandboxd::ContainerConfig {
+        metadata: sandboxd::ContainerMetadata {
+            name: "c".into(),
+            attempt: 0,
+        },
+        image: IMAGE.into(),
+        command: vec!["sleep".into(), "600".into()],
+        ..Default::default()
+    };
+    let c = rt.create_container(&kept, &ctr).unwrap();
+    rt.start_container(&c).unwrap();
+    drop(rt);
+    let file = |kind: &str, id: &str| env.cfg.root.join(kind).join(id).join("state.json");
+    for f in [file("sandboxes", &sb), file("containers", &c)] {
+        let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&f).unwrap()).unwrap();
+        assert_eq!(v["format"], sandboxd::model::RECORD_FORMAT, "{}", f.display());
+        v["format"] = 99.into();
+        // A field of a shape this build cannot read: it must not get that far.
+        v["state"] = serde_json::json!({"phase": "from the future"});
+        std::fs::write(&f, serde_json::to_vec(&v).unwrap()).unwrap();
+    }
+    let rt = env.runtime();
+    let q = rt.quarantined();
+    assert_eq!(q.len(), 2, "{q:?}");
+    for id in [&sb, &c] {
+        let line = q.iter().find(|l| l.contains(id.as_str())).expect("named");
+        assert!(
+            line.contains("record format 99 is newer") && line.contains("formats up to 1"),
+            "{line}"
+        );
+    }
+    let st = rt.pod_sandbox_status(&sb).unwrap();
+    assert_eq!(st.state, SandboxState::NotReady);
+    // Nothing the refused records own was collected: the pod's netns and the container run.
+    let rec_kept = rt.sandbox_record(&kept).unwrap();
+    assert_eq!(rec_kept.state, SandboxState::Ready);
+    let (ok, out) = sh_ok(&format!(
+        "runc --root {} state {c}",
+        env.runtime_root("runc").display()
+    ));
+    assert!(ok && out.contains("running"), "{out}");
+    rt.remove_container(&c).unwrap();
+    rt.remove_pod_sandbox(&sb).unwrap();
+    assert!(rt.quarantined().is_empty());
+    env.remove_all(&rt);
+    drop(rt);
+    env.assert_no_leaks();
+}
+
 /// Starts a process (`sleep`) that gets `pid`, as boot-time services take the pids a node's
 /// last boot recorded: by setting the next pid (`ns_last_pid`) and retrying while other
 /// processes of the host race for it. `None` if the pid never came free.

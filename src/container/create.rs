@@ -112,6 +112,7 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
 
     let id = validate::new_id();
     let record = ContainerRecord {
+        format: crate::model::RECORD_FORMAT,
         id: id.clone(),
         name: name.clone(),
         sandbox_id: sb.id.clone(),

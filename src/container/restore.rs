@@ -13,7 +13,11 @@ use crate::state::now_nanos;
 
 pub(crate) fn load(rt: &Runtime) -> Result<()> {
     let dir = rt.cfg.root.join("containers");
-    for (id, path, rec) in crate::state::record_dirs::<ContainerRecord>(&dir, "container")? {
+    for (id, path, rec) in crate::state::record_dirs::<ContainerRecord>(
+        &dir,
+        "container",
+        crate::model::RECORD_FORMAT,
+    )? {
         match rec {
             Ok(Some(rec)) if rec.id == id => register(rt, rec),
             Ok(Some(rec)) => {
@@ -41,7 +45,9 @@ fn quarantine(rt: &Runtime, id: &str, why: String) {
     lock(&rt.quarantine).containers.insert(id.to_string(), why);
 }
 
-fn register(rt: &Runtime, rec: ContainerRecord) {
+fn register(rt: &Runtime, mut rec: ContainerRecord) {
+    // Formats 0 and 1 have the same shape: the number is written with the next update.
+    rec.format = crate::model::RECORD_FORMAT;
     let (id, name, state) = (rec.id.clone(), rec.name.clone(), rec.state);
     let entry = ContainerEntry::new(rec);
     {

@@ -70,8 +70,15 @@ pub struct ImageRecord {
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
 struct Index {
+    /// [`INDEX_FORMAT`] when written by this build (absent: 0, the same shape as 1).
+    format: u32,
     images: BTreeMap<String, ImageRecord>,
 }
+
+/// The format of `images.json` this build writes. An index of a newer format (a downgrade) is
+/// read but never written: a pull or removal is refused with a message naming both formats
+/// rather than dropping what this build does not know.
+pub const INDEX_FORMAT: u32 = 1;
 
 /// The range-request budget's permits are this many bytes each (a semaphore counts in `u32`).
 pub const RANGE_PERMIT_BYTES: u64 = 64 << 10;
@@ -445,9 +452,10 @@ impl ImageStore {
     fn with_index<T>(&self, f: impl FnOnce(&mut Index) -> Result<T>) -> Result<T> {
         let _lock = self.lock_index()?;
         let path = self.dir.join("images.json");
-        let mut index: Index = crate::state::read_json(&path)
+        let mut index: Index = crate::state::read_record(&path, INDEX_FORMAT)
             .map_err(herr)?
             .unwrap_or_default();
+        index.format = INDEX_FORMAT;
         let r = f(&mut index)?;
         crate::state::write_json_atomic(&path, &index).map_err(herr)?;
         Ok(r)

@@ -246,6 +246,9 @@ pub enum ContainerState {
 /// Everything persisted about one container.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ContainerRecord {
+    /// The record's format ([`super::RECORD_FORMAT`] when written by this build).
+    #[serde(default)]
+    pub format: u32,
     /// The container's 64-hex id (random, 256 bits).
     pub id: String,
     /// The name it reserves, as kubelet builds it:

@@ -330,6 +330,9 @@ pub struct StopRecord {
 /// Everything persisted about one sandbox (`<root>/sandboxes/<id>/state.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SandboxRecord {
+    /// The record's format ([`super::RECORD_FORMAT`] when written by this build).
+    #[serde(default)]
+    pub format: u32,
     /// The sandbox's 64-hex id (random, 256 bits).
     pub id: String,
     /// The name it reserves: `k8s_POD_<name>_<namespace>_<uid>_<attempt>`.
@@ -441,6 +444,8 @@ impl SandboxRecord {
     /// - Before 0.1.0-2026-11-26 the recorded CNI attachment carried the pod's netns path
     ///   too, a second owner of `netns`: dropped (every CNI call is given `netns`).
     pub fn migrate(&mut self) -> bool {
+        // Formats 0 and 1 have the same shape: the number is written with the next update.
+        self.format = super::RECORD_FORMAT;
         let att = self.network.cache.as_mut().map(|c| &mut c.attachment);
         match att {
             Some(a) if a.netns.is_some() => {

@@ -9,7 +9,9 @@ use crate::state::lock;
 
 pub(crate) fn restore(rt: &Runtime) -> Result<()> {
     let dir = rt.cfg.root.join("sandboxes");
-    for (id, path, rec) in crate::state::record_dirs::<SandboxRecord>(&dir, "sandbox")? {
+    for (id, path, rec) in
+        crate::state::record_dirs::<SandboxRecord>(&dir, "sandbox", crate::model::RECORD_FORMAT)?
+    {
         match rec {
             Ok(Some(rec)) if rec.id == id => {
                 restore_one(rt, rec);

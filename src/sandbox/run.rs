@@ -111,6 +111,7 @@ fn new_record(
     plan: &Plan,
 ) -> SandboxRecord {
     SandboxRecord {
+        format: crate::model::RECORD_FORMAT,
         id: id.to_string(),
         name: name.to_string(),
         config: config.clone(),

@@ -113,11 +113,12 @@ pub fn disk_usage(path: &Path) -> (u64, u64) {
 pub type RecordDir<T> = (String, std::path::PathBuf, Result<Option<T>, HostError>);
 
 /// What is in a record dir: one subdirectory per full id, each holding `state.json`. Returns
-/// `(id, its dir, its record as read_json reads it)`; other entries are skipped with a
-/// warning naming `kind`.
+/// `(id, its dir, its record as [`read_record`] reads it with `max_format`)`; other entries
+/// are skipped with a warning naming `kind`.
 pub fn record_dirs<T: DeserializeOwned>(
     dir: &Path,
     kind: &str,
+    max_format: u32,
 ) -> Result<Vec<RecordDir<T>>, HostError> {
     let entries = std::fs::read_dir(dir).map_err(|e| HostError::io("read", dir, e))?;
     let mut out = Vec::new();
@@ -129,7 +130,7 @@ pub fn record_dirs<T: DeserializeOwned>(
                 if crate::validate::full_id(&id).is_ok()
                     && e.file_type().is_ok_and(|t| t.is_dir()) =>
             {
-                let rec = read_json(&path.join("state.json"));
+                let rec = read_record(&path.join("state.json"), max_format);
                 out.push((id, path, rec));
             }
             _ => {
@@ -151,6 +152,40 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, HostErro
     }
 }
 
+/// Reads a record that carries a `format` number (absent: 0). A record of a format above
+/// `max_format` is an error naming both formats, read no further: it was written by a newer
+/// build, and reading it as this one understands it would drop what it does not know.
+pub fn read_record<T: DeserializeOwned>(
+    path: &Path,
+    max_format: u32,
+) -> Result<Option<T>, HostError> {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        #[serde(default)]
+        format: u64,
+    }
+    let data = match std::fs::read(path) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(HostError::io("read", path, e)),
+    };
+    let corrupt =
+        |e: serde_json::Error| HostError::format(path.display(), format!("corrupt record: {e}"));
+    let head: Head = serde_json::from_slice(&data).map_err(corrupt)?;
+    if head.format > u64::from(max_format) {
+        return Err(HostError::format(
+            path.display(),
+            format!(
+                "record format {} is newer than this sandboxd ({}) reads (formats up to \
+                 {max_format}): it was written by a newer release, which reads it",
+                head.format,
+                env!("CARGO_PKG_VERSION"),
+            ),
+        ));
+    }
+    serde_json::from_slice(&data).map(Some).map_err(corrupt)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,6 +201,39 @@ mod tests {
         std::fs::write(&p, b"{").unwrap();
         assert!(read_json::<Vec<i32>>(&p).is_err());
         assert!(read_json::<Vec<i32>>(&dir.join("none")).unwrap().is_none());
+        // Formats: absent reads as 0, up to the maximum reads, above it is refused by name.
+        #[derive(serde::Deserialize, Debug, PartialEq)]
+        struct R {
+            #[serde(default)]
+            format: u32,
+            x: i32,
+        }
+        std::fs::write(&p, br#"{"x": 1}"#).unwrap();
+        assert_eq!(
+            read_record::<R>(&p, 1).unwrap(),
+            Some(R { format: 0, x: 1 })
+        );
+        std::fs::write(&p, br#"{"format": 1, "x": 2}"#).unwrap();
+        assert_eq!(
+            read_record::<R>(&p, 1).unwrap(),
+            Some(R { format: 1, x: 2 })
+        );
+        std::fs::write(
+            &p,
+            br#"{"format": 7, "x": "a shape this build cannot read"}"#,
+        )
+        .unwrap();
+        let e = read_record::<R>(&p, 1).unwrap_err().to_string();
+        assert!(
+            e.contains("record format 7 is newer") && e.contains("up to 1"),
+            "{e}"
+        );
+        std::fs::write(&p, br#"{"format": -1}"#).unwrap();
+        assert!(read_record::<R>(&p, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("corrupt"));
+        assert!(read_record::<R>(&dir.join("none"), 1).unwrap().is_none());
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(!dir.exists());
     }

@@ -22,6 +22,7 @@ fn created(h: &Harness, tag: &str) -> String {
     let dir = h.cfg.root.join("containers").join(&id);
     crate::state::files::private_dir_all(&dir).unwrap();
     let rec = ContainerRecord {
+        format: crate::model::RECORD_FORMAT,
         id: id.clone(),
         name: format!("k8s_c_{tag}_default_uid-{tag}_0"),
         sandbox_id: sb,
