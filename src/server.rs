@@ -3,6 +3,8 @@
 //! finishing in-flight requests and removing the socket. Pods keep running: their monitors
 //! own them, and the next start restores them.
 
+pub mod notify;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -233,6 +235,9 @@ pub async fn serve(
     let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         shutdown.await;
+        notify::notify(
+            "STOPPING=1\nSTATUS=stopping: finishing requests in flight; pods keep running",
+        );
         events.close();
         let _ = stop_metrics.send(());
     };
@@ -252,6 +257,11 @@ pub async fn serve(
     }
     let layer = crate::metrics::prom::RpcMetricsLayer(rt.metrics.clone());
     let svc = crate::cri::CriService::new(rt.clone()).with_streaming(streaming);
+    // The socket is bound and listening: a connection made from here on is served.
+    notify::notify(&format!(
+        "READY=1\nSTATUS=serving CRI v1 on {}",
+        socket.display()
+    ));
     let result = tonic::transport::Server::builder()
         .layer(layer)
         .add_service(

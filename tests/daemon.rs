@@ -602,3 +602,77 @@ fn the_default_cgroup_parent_is_the_roots_own_and_goes_at_shutdown() {
     gone();
     env.assert_no_leaks();
 }
+
+/// Under a service manager (`Type=notify`): `READY=1` once the CRI socket serves (a request
+/// made right after it is answered), `STOPPING=1` at SIGTERM, as systemd reads them from
+/// `NOTIFY_SOCKET`. The variable reaches no child: runc, given it, proxies the socket into
+/// the container and waits for the container's own READY — a container must start as
+/// without it, and the environment of its monitor (started by the daemon) does not hold it.
+#[test]
+fn readiness_reaches_the_service_manager_and_no_child() {
+    use common::cri::{pod, remove_pod, run_pod, sleeper};
+    let env = Env::new("notify");
+    sandboxd::image::ImageStore::new(env.cfg.root.join("images"))
+        .unwrap()
+        .import(&busybox::oci_layout(&env.base, common::cri::IMAGE), None)
+        .unwrap();
+    let path = env.base.join("notify.sock");
+    let manager = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    manager
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let recv = || {
+        let mut buf = [0u8; 4096];
+        let n = manager.recv(&mut buf).expect("a notification within 30 s");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let mut d = Daemon::spawn_with_env(&env, &env.cfg, &[("NOTIFY_SOCKET", path.as_os_str())]);
+    let ready = recv();
+    assert!(
+        ready.lines().any(|l| l == "READY=1") && ready.contains("STATUS=serving CRI v1"),
+        "{ready:?}"
+    );
+    // Served from the moment READY=1 is sent: no retry.
+    let rt = rt();
+    let mut c = rt.block_on(client(&d.socket));
+    let v = rt
+        .block_on(c.version(cri::VersionRequest::default()))
+        .unwrap()
+        .into_inner();
+    assert_eq!(v.runtime_name, "sandboxd");
+    let environ = |pid: u32| {
+        std::fs::read(format!("/proc/{pid}/environ"))
+            .map(|e| String::from_utf8_lossy(&e).into_owned())
+            .unwrap_or_default()
+    };
+    let p = pod("ntf", serde_json::json!({}));
+    let sb = run_pod(&rt, &mut c, &p);
+    let id = sleeper(&rt, &mut c, &sb, &p, "s");
+    let st = common::cri::container_status(&rt, &mut c, &id);
+    assert_eq!(st.state, cri::ContainerState::ContainerRunning as i32);
+    // (The daemon's own /proc environ is the block it was started with; its children's are
+    // what it passed on.)
+    let monitors: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|pid: &u32| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd);
+            let argv0 = cmd.split('\0').next().unwrap_or_default();
+            argv0.ends_with("sandboxd-monitor") && cmd.contains(id.as_str())
+        })
+        .collect();
+    assert!(!monitors.is_empty(), "no monitor of {id} found");
+    for pid in monitors {
+        let e = environ(pid);
+        assert!(
+            e.contains("PATH=") && !e.contains("NOTIFY_SOCKET="),
+            "monitor {pid}: {e}"
+        );
+    }
+    remove_pod(&rt, &mut c, &sb);
+    assert_eq!(d.sigterm().code(), Some(0));
+    let stopping = recv();
+    assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping:?}");
+    env.assert_no_leaks();
+}

@@ -436,7 +436,12 @@ fn a_record_of_a_newer_format_is_refused_by_name() {
     let file = |kind: &str, id: &str| env.cfg.root.join(kind).join(id).join("state.json");
     for f in [file("sandboxes", &sb), file("containers", &c)] {
         let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&f).unwrap()).unwrap();
-        assert_eq!(v["format"], sandboxd::model::RECORD_FORMAT, "{}", f.display());
+        assert_eq!(
+            v["format"],
+            sandboxd::model::RECORD_FORMAT,
+            "{}",
+            f.display()
+        );
         v["format"] = 99.into();
         // A field of a shape this build cannot read: it must not get that far.
         v["state"] = serde_json::json!({"phase": "from the future"});

@@ -152,6 +152,8 @@ fn limit_malloc_arenas() {
 
 fn main() {
     limit_malloc_arenas();
+    // Before any thread: the variable must not reach runc (see server::notify).
+    server::notify::take_from_env();
     let cli = Cli::parse();
     let cfg = match effective_config(&cli) {
         Ok(c) => c,
@@ -176,9 +178,42 @@ fn fail(msg: &str) -> ! {
     std::process::exit(1)
 }
 
+/// Whether stderr is the journal's stream (systemd sets `JOURNAL_STREAM` to its `dev:inode`
+/// for a service whose output goes to the journal; a child that inherits the variable but not
+/// the stream does not match).
+fn stderr_is_journal() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some(v) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Ok(meta) = std::fs::metadata("/proc/self/fd/2") else {
+        return false;
+    };
+    v.to_str() == Some(&format!("{}:{}", meta.dev(), meta.ino()))
+}
+
 fn init_logging(cfg: &DaemonConfig) {
     let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Under systemd, to journald with each field its own (SANDBOX_ID=…, CONTAINER_ID=…:
+    // `journalctl -u sandboxd SANDBOX_ID=<id>`), unless JSON lines were asked for.
+    if cfg.log_format != "json" && stderr_is_journal() {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        match tracing_journald::layer() {
+            Ok(j) => {
+                tracing_subscriber::registry()
+                    .with(filter)
+                    .with(
+                        j.with_field_prefix(None)
+                            .with_syslog_identifier("sandboxd".into()),
+                    )
+                    .init();
+                return;
+            }
+            Err(e) => eprintln!("sandboxd: journald: {e}; logging to stderr"),
+        }
+    }
     use std::io::IsTerminal;
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -52,15 +52,31 @@ impl Daemon {
 
     /// Starts a daemon for a test whose base dir is `base` (from another thread, say).
     pub fn start_at(base: &Path, cfg: &sandboxd::Config) -> Daemon {
-        Self::start_full(base, cfg, "")
+        Self::start_full(base, cfg, "", &[], true)
     }
 
     /// Starts a daemon whose config file has `extra` daemon keys (TOML lines) too.
     pub fn start_extra(env: &Env, cfg: &sandboxd::Config, extra: &str) -> Daemon {
-        Self::start_full(&env.base, cfg, extra)
+        Self::start_full(&env.base, cfg, extra, &[], true)
     }
 
-    fn start_full(base: &Path, cfg: &sandboxd::Config, extra: &str) -> Daemon {
+    /// Starts a daemon with `vars` added to its environment, and returns at once (its socket
+    /// may not serve yet).
+    pub fn spawn_with_env(
+        env: &Env,
+        cfg: &sandboxd::Config,
+        vars: &[(&str, &std::ffi::OsStr)],
+    ) -> Daemon {
+        Self::start_full(&env.base, cfg, "", vars, false)
+    }
+
+    fn start_full(
+        base: &Path,
+        cfg: &sandboxd::Config,
+        extra: &str,
+        vars: &[(&str, &std::ffi::OsStr)],
+        wait: bool,
+    ) -> Daemon {
         let config = Self::config_file_at(base, cfg, extra);
         let socket = base.join("run/sandboxd.sock");
         let log = base.join(format!(
@@ -75,6 +91,7 @@ impl Daemon {
             .arg(&config)
             .stderr(std::fs::File::create(&log).unwrap())
             .stdout(Stdio::null())
+            .envs(vars.iter().copied())
             .spawn()
             .unwrap();
         let d = Daemon {
@@ -84,7 +101,9 @@ impl Daemon {
             log,
             probe: cfg.root.join("probe"),
         };
-        d.wait_ready();
+        if wait {
+            d.wait_ready();
+        }
         d
     }
 
