@@ -3,6 +3,20 @@
 //! their clients. The schema is cri-api v1.36's, with the 1.37 alpha additions the daemon
 //! serves (`Mount.mount_options`, `RuntimeFeatures.mount_options`, the `SIGNAL_*` names).
 
+/// The CRI release whose schema the daemon serves (as `--version` says it).
+pub const CRI_SCHEMA: &str = "cri-api v1.36";
+
+/// What `sandboxd --version` and `sandboxctl --version` print after the program's name: the
+/// package version, the commit it was built from (`SANDBOXD_COMMIT` at build time, as the
+/// project's scripts set it; "unknown" otherwise) and the CRI served.
+pub fn version_text(commit: Option<&str>) -> String {
+    format!(
+        "{} (commit {}; CRI runtime.v1, {CRI_SCHEMA})",
+        env!("CARGO_PKG_VERSION"),
+        commit.filter(|c| !c.is_empty()).unwrap_or("unknown")
+    )
+}
+
 /// Package `runtime.v1`.
 #[allow(clippy::all, missing_docs, rustdoc::all)]
 pub mod v1 {

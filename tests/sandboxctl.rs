@@ -535,3 +535,53 @@ fn sandboxctl_pull_shows_layer_progress() {
     drop(d);
     env.assert_no_leaks();
 }
+
+/// What a package installs from both binaries: completion scripts that the shells accept,
+/// man pages that `man` renders (naming the subcommands), and `--version` naming the commit
+/// and the CRI served — as crictl and containerd ship theirs.
+#[test]
+fn completions_man_pages_and_versions() {
+    let env = Env::new("ctl-docs");
+    let dir = env.base.clone();
+    for bin in [
+        env!("CARGO_BIN_EXE_sandboxd"),
+        env!("CARGO_BIN_EXE_sandboxctl"),
+    ] {
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new(bin).args(args).output().unwrap();
+            assert!(out.status.success(), "{bin} {args:?}: {out:?}");
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let v = run(&["--version"]);
+        assert!(
+            v.contains("(commit ") && v.contains("CRI runtime.v1, cri-api v1.36"),
+            "{v}"
+        );
+        let name = std::path::Path::new(bin)
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap();
+        let bash = dir.join(format!("{name}.bash"));
+        std::fs::write(&bash, run(&["completion", "bash"])).unwrap();
+        let (ok, out) = sh_ok(&format!(
+            "bash -c 'source {} && complete -p {name}'",
+            bash.display()
+        ));
+        assert!(ok && out.contains(&format!("_{name}")), "{out}");
+        let zsh = run(&["completion", "zsh"]);
+        assert!(zsh.starts_with(&format!("#compdef {name}")), "{zsh}");
+        let page = dir.join(format!("{name}.1"));
+        std::fs::write(&page, run(&["man"])).unwrap();
+        let (ok, text) = sh_ok(&format!("MANWIDTH=100 man -l {} 2>&1", page.display()));
+        let sub = if name == "sandboxd" {
+            "completion"
+        } else {
+            "doctor"
+        };
+        assert!(
+            ok && text.contains("SYNOPSIS") && text.contains(sub),
+            "{text}"
+        );
+    }
+}

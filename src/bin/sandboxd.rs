@@ -64,6 +64,11 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completion { shell: clap_complete::Shell },
+    /// Print the man page (roff) to stdout.
+    #[command(hide = true)]
+    Man,
     /// Run, inspect, stop and remove one pod sandbox through the library, printing each step.
     Demo {
         /// Share the PID namespace, so the pod runs the pause process.
@@ -154,7 +159,29 @@ fn main() {
     limit_malloc_arenas();
     // Before any thread: the variable must not reach runc (see server::notify).
     server::notify::take_from_env();
-    let cli = Cli::parse();
+    let cli = {
+        use clap::FromArgMatches;
+        let m = cli_command().get_matches();
+        Cli::from_arg_matches(&m).unwrap_or_else(|e| e.exit())
+    };
+    match &cli.command {
+        Some(Cmd::Completion { shell }) => {
+            clap_complete::generate(
+                *shell,
+                &mut cli_command(),
+                "sandboxd",
+                &mut std::io::stdout(),
+            );
+            return;
+        }
+        Some(Cmd::Man) => {
+            if let Err(e) = clap_mangen::Man::new(cli_command()).render(&mut std::io::stdout()) {
+                fail(&format!("man page: {e}"));
+            }
+            return;
+        }
+        _ => {}
+    }
     let cfg = match effective_config(&cli) {
         Ok(c) => c,
         Err(e) => fail(&e.to_string()),
@@ -166,11 +193,23 @@ fn main() {
     init_logging(&cfg);
     let result = match cli.command {
         Some(Cmd::Demo { infra }) => demo(cfg, infra),
+        Some(Cmd::Completion { .. } | Cmd::Man) => Ok(()),
         None => daemon(cfg),
     };
     if let Err(e) = result {
         fail(&e.to_string());
     }
+}
+
+/// The command line with the version text the build carries.
+fn cli_command() -> clap::Command {
+    use clap::CommandFactory;
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    Cli::command().version(
+        VERSION
+            .get_or_init(|| sandboxd::api::version_text(option_env!("SANDBOXD_COMMIT")))
+            .as_str(),
+    )
 }
 
 fn fail(msg: &str) -> ! {

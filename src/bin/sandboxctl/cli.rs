@@ -88,8 +88,13 @@ pub enum Output {
 
 #[derive(Subcommand, Debug)]
 pub enum Cmd {
-    /// Runtime name and versions.
+    /// Runtime name and versions (and this client's, with its commit).
     Version,
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completion { shell: clap_complete::Shell },
+    /// Print the man page (roff) to stdout.
+    #[command(hide = true)]
+    Man,
     /// Runtime status and conditions (verbose).
     Info,
     /// sandboxd only: list what the daemon left on the host that no record owns (netns and

@@ -16,8 +16,12 @@ pub async fn version(c: &mut Runtime, json: bool) -> Result<(), String> {
         println!("{}", serde_json::to_string_pretty(&v).unwrap());
     } else {
         println!(
-            "Version:  {}\nRuntimeName:  {}\nRuntimeVersion:  {}\nRuntimeApiVersion:  {}",
-            v.version, v.runtime_name, v.runtime_version, v.runtime_api_version
+            "Version:  {}\nRuntimeName:  {}\nRuntimeVersion:  {}\nRuntimeApiVersion:  {}\nClient:  sandboxctl {}",
+            v.version,
+            v.runtime_name,
+            v.runtime_version,
+            v.runtime_api_version,
+            crate::version_text()
         );
     }
     Ok(())

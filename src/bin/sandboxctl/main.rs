@@ -21,7 +21,6 @@ mod progress;
 mod scale;
 mod streams;
 
-use clap::Parser;
 use sandboxd::api::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;
 
@@ -40,9 +39,26 @@ fn grpc_err(rpc: &str, s: tonic::Status) -> String {
     format!("{rpc}: {:?}: {}", s.code(), s.message())
 }
 
+/// This build's version text (package, commit, CRI schema).
+fn version_text() -> &'static str {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION.get_or_init(|| sandboxd::api::version_text(option_env!("SANDBOXD_COMMIT")))
+}
+
+/// The command line with the version text the build carries.
+fn cli_command() -> clap::Command {
+    use clap::CommandFactory;
+    Cli::command().version(version_text())
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let cli = Cli::parse_from(cli::global_flags_first(std::env::args_os().collect()));
+    let cli = {
+        use clap::FromArgMatches;
+        let m =
+            cli_command().get_matches_from(cli::global_flags_first(std::env::args_os().collect()));
+        Cli::from_arg_matches(&m).unwrap_or_else(|e| e.exit())
+    };
     if let Err(e) = run(cli).await {
         eprintln!("sandboxctl: {e}");
         std::process::exit(1);
@@ -50,6 +66,23 @@ async fn main() {
 }
 
 async fn run(cli: Cli) -> Result<(), String> {
+    match &cli.command {
+        Cmd::Completion { shell } => {
+            clap_complete::generate(
+                *shell,
+                &mut cli_command(),
+                "sandboxctl",
+                &mut std::io::stdout(),
+            );
+            return Ok(());
+        }
+        Cmd::Man => {
+            return clap_mangen::Man::new(cli_command())
+                .render(&mut std::io::stdout())
+                .map_err(|e| format!("man page: {e}"));
+        }
+        _ => {}
+    }
     if let Cmd::Images {
         cmd: Some(ImagesCmd::Import { file, name, root }),
     } = &cli.command
@@ -61,6 +94,7 @@ async fn run(cli: Cli) -> Result<(), String> {
     let json = cli.output == Output::Json;
     match cli.command {
         Cmd::Version => info::version(&mut c, json).await,
+        Cmd::Completion { .. } | Cmd::Man => Ok(()),
         Cmd::Info => info::info(&mut c).await,
         Cmd::Doctor { fix, grace } => doctor::run(&ch, fix, grace, json).await,
         Cmd::Runp { config, runtime } => pods::run(&mut c, &config, runtime).await,
