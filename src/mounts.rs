@@ -266,15 +266,22 @@ fn mount_root_attr(path: &Path) -> Option<bool> {
     (r == 0 && known).then_some(st.stx_attributes & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0)
 }
 
-/// Removes a record directory tree. Missing is success. Refuses to follow a symlink.
+/// Removes a record directory tree, durably (its parent fsynced). Missing is success. Refuses
+/// to follow a symlink.
 pub fn remove_record_dir(dir: &Path) -> Result<(), HostError> {
     match std::fs::symlink_metadata(dir) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => Err(HostError::io("inspect", dir, e)),
         Ok(m) if m.file_type().is_symlink() => {
             std::fs::remove_file(dir).map_err(|e| HostError::io("remove symlink", dir, e))
         }
         Ok(_) => remove_tree(dir),
+    }?;
+    // Durable before the call that removed it is answered: a removal acknowledged to kubelet
+    // must not come back after a power cut (the parent's fsync commits the unlinks before it).
+    match dir.parent() {
+        Some(parent) => crate::state::sync_dir(parent),
+        None => Ok(()),
     }
 }
 

@@ -10,7 +10,9 @@ pub mod registry;
 
 pub use ids::{short_hash, IdIndex};
 pub use names::NameReservations;
-pub use persist::{disk_usage, list_dir, read_json, read_record, record_dirs, write_json_atomic};
+pub use persist::{
+    disk_usage, list_dir, read_json, read_record, record_dirs, sync_dir, write_json_atomic,
+};
 pub use quarantine::Quarantine;
 pub use registry::{lock, monotonic_ms, Entry, Record, Registry};
 

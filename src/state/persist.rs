@@ -32,6 +32,16 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), HostError> {
     Ok(())
 }
 
+/// Makes the entries of `dir` durable (an fsync of the directory): what was removed from it
+/// stays removed after a power cut.
+pub fn sync_dir(dir: &Path) -> Result<(), HostError> {
+    let started = std::time::Instant::now();
+    let d = std::fs::File::open(dir).map_err(|e| HostError::io("open", dir, e))?;
+    d.sync_all().map_err(|e| HostError::io("fsync", dir, e))?;
+    crate::counters::add(crate::counters::Wait::Sync, started.elapsed());
+    Ok(())
+}
+
 /// The names in `dir` (none if it cannot be read).
 pub fn list_dir(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
