@@ -96,6 +96,7 @@ impl Runtime {
         let cdi = cdi::Registry::new(cfg.cdi_spec_dirs.clone());
         let nri = nri::Nri::new(&cfg.nri)?;
         let monitor = Config::helper_path(&cfg.monitor_path, "sandboxd-monitor");
+        forget_runtime_state_of_other_boots(&cfg.root.join("runtime"))?;
         let mount_ns = if cfg.runtime_mount_ns {
             let pins: Vec<&Path> = cfg.namespace_dirs().iter().map(|d| d.as_path()).collect();
             match oci::RuntimeMountNs::new(&cfg.root, &pins) {
@@ -245,6 +246,30 @@ fn runtime_root(state_root: &Path, name: &str) -> Result<PathBuf> {
     Ok(root)
 }
 
+/// The OCI runtimes' own state under the state root (`runtime/<handler>/<id>`) names the pids
+/// of the boot that made it, and not every runtime checks a pid's start time before it
+/// signals it (runsc's delete kills its recorded sandbox and gofer pids): after a reboot those
+/// pids belong to strangers. So the dir carries the boot id it was made in, and state of
+/// another boot is removed before any runtime call — every container in it died with that
+/// boot (containerd and CRI-O keep this state on tmpfs for the same reason). A dir without the
+/// mark (made by an older version, pods possibly running) is kept and marked.
+fn forget_runtime_state_of_other_boots(dir: &Path) -> Result<()> {
+    let mark = dir.join("boot_id");
+    let now = crate::process::boot_id();
+    match std::fs::read_to_string(&mark) {
+        Ok(then) if then.trim() == now || now.is_empty() => return Ok(()),
+        Ok(then) => {
+            tracing::info!(dir = %dir.display(), made_in_boot = %then.trim(), "the OCI runtimes' state is from another boot: removed (its containers died with it)");
+            crate::mounts::remove_record_dir(dir)
+                .map_err(|e| Error::step("forget runtime state of another boot", "", e))?;
+        }
+        Err(_) => {}
+    }
+    state::files::private_dir_all(dir)?;
+    state::write_atomic(&mark, format!("{now}\n").as_bytes())?;
+    Ok(())
+}
+
 /// `p` made absolute against the current dir when it is a relative path with a dir in it (a
 /// bare name is looked up in PATH and stays as it is).
 fn absolute_if_relative(p: &Path) -> PathBuf {
@@ -259,6 +284,34 @@ fn absolute_if_relative(p: &Path) -> PathBuf {
 mod tests {
     use super::absolute_if_relative;
     use std::path::{Path, PathBuf};
+
+    #[test]
+    fn runtime_state_of_another_boot_is_forgotten() {
+        let base = std::env::temp_dir().join(format!("sandboxd-rtboot-{}", std::process::id()));
+        let dir = base.join("runtime");
+        let ctr = dir.join("runsc/ab/abcdef");
+        std::fs::create_dir_all(&ctr).unwrap();
+        // Unmarked (an older version's, pods may run): kept and marked with this boot.
+        super::forget_runtime_state_of_other_boots(&dir).unwrap();
+        assert!(ctr.is_dir());
+        let now = crate::process::boot_id();
+        assert_eq!(
+            std::fs::read_to_string(dir.join("boot_id")).unwrap().trim(),
+            now
+        );
+        // This boot's: kept.
+        super::forget_runtime_state_of_other_boots(&dir).unwrap();
+        assert!(ctr.is_dir());
+        // Another boot's: gone, and marked anew.
+        std::fs::write(dir.join("boot_id"), "another-boot\n").unwrap();
+        super::forget_runtime_state_of_other_boots(&dir).unwrap();
+        assert!(!ctr.exists() && !dir.join("runsc").exists());
+        assert_eq!(
+            std::fs::read_to_string(dir.join("boot_id")).unwrap().trim(),
+            now
+        );
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 
     #[test]
     fn runtime_paths_do_not_depend_on_the_working_dir() {
