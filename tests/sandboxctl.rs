@@ -543,6 +543,9 @@ fn sandboxctl_pull_shows_layer_progress() {
 fn completions_man_pages_and_versions() {
     let env = Env::new("ctl-docs");
     let dir = env.base.clone();
+    // The commit the scripts export at build time (scripts/commit); this test binary is
+    // compiled by the same cargo run as the two binaries, so it sees the same value.
+    let head = option_env!("SANDBOXD_COMMIT").unwrap_or("unknown");
     for bin in [
         env!("CARGO_BIN_EXE_sandboxd"),
         env!("CARGO_BIN_EXE_sandboxctl"),
@@ -554,8 +557,8 @@ fn completions_man_pages_and_versions() {
         };
         let v = run(&["--version"]);
         assert!(
-            v.contains("(commit ") && v.contains("CRI runtime.v1, cri-api v1.36"),
-            "{v}"
+            v.contains(&format!("(commit {head}")) && v.contains("CRI runtime.v1, cri-api v1.36"),
+            "{v} (HEAD {head})"
         );
         let name = std::path::Path::new(bin)
             .file_name()
