@@ -7,8 +7,9 @@
 pub const CRI_SCHEMA: &str = "cri-api v1.36";
 
 /// What `sandboxd --version` and `sandboxctl --version` print after the program's name: the
-/// package version, the commit it was built from (`SANDBOXD_COMMIT` at build time, which
-/// every project script that builds exports from scripts/commit; "unknown" otherwise) and the CRI served.
+/// package version, the commit it was built from (`SANDBOXD_COMMIT` at build time, exported
+/// from scripts/commit by every project script that builds; "unknown" otherwise) and the CRI
+/// served.
 pub fn version_text(commit: Option<&str>) -> String {
     format!(
         "{} (commit {}; CRI runtime.v1, {CRI_SCHEMA})",

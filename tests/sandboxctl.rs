@@ -545,7 +545,7 @@ fn completions_man_pages_and_versions() {
     let dir = env.base.clone();
     // The commit the scripts export at build time (scripts/commit); this test binary is
     // compiled by the same cargo run as the two binaries, so it sees the same value.
-    let head = option_env!("SANDBOXD_COMMIT").unwrap_or("unknown");
+    let expected = option_env!("SANDBOXD_COMMIT").unwrap_or("unknown");
     for bin in [
         env!("CARGO_BIN_EXE_sandboxd"),
         env!("CARGO_BIN_EXE_sandboxctl"),
@@ -557,8 +557,9 @@ fn completions_man_pages_and_versions() {
         };
         let v = run(&["--version"]);
         assert!(
-            v.contains(&format!("(commit {head}")) && v.contains("CRI runtime.v1, cri-api v1.36"),
-            "{v} (HEAD {head})"
+            v.contains(&format!("(commit {expected}"))
+                && v.contains("CRI runtime.v1, cri-api v1.36"),
+            "{v} (expected commit {expected})"
         );
         let name = std::path::Path::new(bin)
             .file_name()
