@@ -7,7 +7,9 @@
 //! a local `sandboxctl images import` and the daemon share it safely.
 //!
 //! Nothing is half-made: a layer is unpacked into a private temp dir and renamed into place
-//! only once its diff id verified (a layer someone else committed meanwhile is simply reused);
+//! only once its diff id verified and its files are on disk (a `syncfs`: the index that
+//! names it survives a power cut, so its data must too; a layer someone else committed
+//! meanwhile is simply reused);
 //! a blob is renamed into place only once its digest verified. Removing an image collects the
 //! blobs and layers nothing references any more (no other image, no container, no pull in
 //! flight).
@@ -435,8 +437,13 @@ impl ImageStore {
                     "layer content is {got}, the config says {diff_id}"
                 )));
             }
+            // Its files' data durable before its name is: the index names the layer next.
+            crate::state::sync_filesystem(&tmp).map_err(herr)?;
             match std::fs::rename(&tmp, &dest) {
-                Ok(()) => Ok(applied),
+                Ok(()) => {
+                    crate::state::sync_dir(dest.parent().unwrap_or(&self.dir)).map_err(herr)?;
+                    Ok(applied)
+                }
                 // Someone else committed the same (verified) layer first: theirs is as good.
                 Err(_) if dest.is_dir() => Ok(applied),
                 Err(e) => Err(herr(HostError::io("rename", &dest, e))),

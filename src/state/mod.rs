@@ -11,8 +11,8 @@ pub mod registry;
 pub use ids::{short_hash, IdIndex};
 pub use names::NameReservations;
 pub use persist::{
-    disk_usage, list_dir, read_json, read_record, record_dirs, sync_dir, write_atomic,
-    write_json_atomic,
+    disk_usage, list_dir, read_json, read_record, record_dirs, sync_dir, sync_filesystem,
+    write_atomic, write_json_atomic,
 };
 pub use quarantine::Quarantine;
 pub use registry::{lock, monotonic_ms, Entry, Record, Registry};

@@ -16,8 +16,8 @@ pub enum Durability {
     /// (the monitor's pid, a container's exit: the container is gone either way), where a
     /// fsync would sit on every stop's path.
     Rename,
-    /// tmp + fsync + rename (+ fsync of the dir when the name is new): the new content
-    /// survives a crash once the call returned.
+    /// tmp + fsync + rename + fsync of the dir: the new content survives a crash once the
+    /// call returned.
     Fsync,
 }
 
@@ -76,11 +76,13 @@ pub fn write_atomic(
             synced += t.elapsed();
         }
     }
-    // Replacing an existing file needs no directory fsync: after a crash the name points at
-    // either the old complete file or the new complete one. A new name does.
-    let replacing = durable && std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file());
+    // The rename is durable only once the directory is, a replacement as much as a new
+    // name: the old content is a state the caller has since answered past (a pod whose
+    // RunPodSandbox had answered came back from a power cut as `creating` and was rolled
+    // back: the day-two lane's power cuts, with the replacing rename left to ext4's next
+    // commit).
     std::fs::rename(&tmp, path).map_err(err("rename into", path))?;
-    if !durable || replacing {
+    if !durable {
         return Ok(synced);
     }
     let dir = path.parent().unwrap_or(Path::new("."));
