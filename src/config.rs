@@ -439,6 +439,12 @@ pub struct StoreConfig {
     /// Most bytes of parts fetched ahead and held in memory, over all pulls together (a part
     /// that does not fit is fetched when it is read).
     pub range_buffer_bytes: u64,
+    /// An unpacked layer's files are on disk (`syncfs`) before the store names the layer, so
+    /// a power cut right after PullImage answers cannot leave the image with empty files
+    /// (containerd's `image_pull_with_sync_fs`, off there by default). On by default: it
+    /// costs a pull the time the disk takes to write the unpacked bytes (`bench/RESULTS.md`,
+    /// image pulls); off only where nodes are rebuilt rather than rebooted after a crash.
+    pub sync_layers: bool,
 }
 
 impl Default for StoreConfig {
@@ -453,6 +459,7 @@ impl Default for StoreConfig {
             range_parts: 1,
             range_part_bytes: 4 << 20,
             range_buffer_bytes: 32 << 20,
+            sync_layers: true,
         }
     }
 }

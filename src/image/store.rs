@@ -438,7 +438,9 @@ impl ImageStore {
                 )));
             }
             // Its files' data durable before its name is: the index names the layer next.
-            crate::state::sync_filesystem(&tmp).map_err(herr)?;
+            if self.cfg.sync_layers {
+                crate::state::sync_filesystem(&tmp).map_err(herr)?;
+            }
             match std::fs::rename(&tmp, &dest) {
                 Ok(()) => {
                     crate::state::sync_dir(dest.parent().unwrap_or(&self.dir)).map_err(herr)?;

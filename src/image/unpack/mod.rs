@@ -343,6 +343,7 @@ fn apply_plain(reader: &mut dyn Read, root: &Path, limits: &Limits) -> Result<Ap
                     .open(&dest)
                     .map_err(|e| HostError::io("create", &dest, e))?;
                 applied.bytes += copy_file(&mut entry, &mut f, &mut buf, &dest)?;
+                fs::start_writeback(&f);
                 if applied.bytes >= next_check {
                     check_free()?;
                     next_check = applied.bytes + FREE_CHECK_EVERY;
