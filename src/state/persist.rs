@@ -16,9 +16,9 @@ pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), Hos
 }
 
 /// Writes `data` to `path` atomically (mode 0600): tmp file + fsync + rename + fsync of the
-/// dir. A replacement too: after a crash the name would point at the old complete file, a
-/// state restore can finish or roll back but one the caller was already answered past (a
-/// RunPodSandbox acknowledged, then rolled back as half-made).
+/// dir, for a replacement too. Without the last, a crash could bring back the old content: a
+/// state the caller was already answered past (a RunPodSandbox acknowledged, then rolled
+/// back on restore as half-made).
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), HostError> {
     if path.parent().is_none() {
         return Err(HostError::Other(format!(
