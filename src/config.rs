@@ -165,7 +165,12 @@ pub struct Config {
     /// same at 1000 pods as at 10 (`oci::RuntimeMountNs`). Off: the host's namespace.
     pub runtime_mount_ns: bool,
     /// Per-registry pull settings (mirrors, plain HTTP), keyed by registry host[:port].
+    /// A registry named here takes only these settings; one not named here takes them from
+    /// `registry_files` (containerd's hosts.toml dirs, then containers-registries.conf).
     pub registries: BTreeMap<String, RegistryConfig>,
+    /// The registry configuration files operators keep for containerd and CRI-O, read at
+    /// each pull (`image::hosts_toml`, `image::registries_conf`, `image::auth_file`).
+    pub registry_files: RegistryFilesConfig,
     /// The image store: limits per layer, the free-space reserve, whether compressed layer
     /// blobs are kept, concurrent downloads per pull.
     pub images: StoreConfig,
@@ -316,6 +321,7 @@ impl Default for Config {
             stats_collect_period: DEFAULT_STATS_PERIOD,
             runtime_mount_ns: true,
             registries: BTreeMap::new(),
+            registry_files: RegistryFilesConfig::default(),
             images: Default::default(),
             streaming: Default::default(),
             container_storage_root: None,
@@ -365,6 +371,12 @@ impl Config {
             userns_dir: base.join("userns"),
             cni_conf_dir: base.join("cni-conf"),
             cdi_spec_dirs: vec![base.join("cdi")],
+            registry_files: RegistryFilesConfig {
+                hosts_dirs: vec![base.join("certs.d")],
+                registries_conf: Some(base.join("registries.conf")),
+                registries_conf_d: Some(base.join("registries.conf.d")),
+                global_auth_file: None,
+            },
             nri: NriConfig {
                 socket_path: base.join("nri/nri.sock"),
                 plugin_path: base.join("nri/plugins"),
@@ -477,6 +489,46 @@ pub struct RegistryConfig {
     /// A PEM file of CA certificates trusted for this registry and its mirrors (besides the
     /// system's roots).
     pub ca_file: Option<PathBuf>,
+}
+
+/// Registry settings read from the files containerd and CRI-O read (`[registry_files]`).
+/// For an image on registry `R` not named in `[registries]`, the first of these that speaks
+/// for `R` decides its endpoints: a `R/hosts.toml` in one of `hosts_dirs` (then
+/// `_default/hosts.toml`), else the longest matching `[[registry]]` prefix of
+/// `registries_conf` and the `.conf` files of `registries_conf_d`. A file or dir that does
+/// not exist is skipped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RegistryFilesConfig {
+    /// containerd's registry host dirs (its `config_path`), in order: `<dir>/<host[:port]>/
+    /// hosts.toml` with `server`, `[host."URL"]` `capabilities`, `ca`, `skip_verify`,
+    /// `override_path`. Empty: none are read.
+    pub hosts_dirs: Vec<PathBuf>,
+    /// A containers-registries.conf v2 file (CRI-O, podman): `[[registry]]` `prefix`,
+    /// `location`, `insecure`, `blocked`, `[[registry.mirror]]` `location`, `insecure`,
+    /// `pull-from-mirror`. None: not read.
+    pub registries_conf: Option<PathBuf>,
+    /// Its drop-in dir: `*.conf` read after the file, in name order; a `[[registry]]` with a
+    /// prefix seen before replaces the earlier one.
+    pub registries_conf_d: Option<PathBuf>,
+    /// A docker `config.json` of credentials (`auths`: `auth`, or `username` and `password`)
+    /// for pulls whose request carries none (CRI-O's `global_auth_file`); each goes only to
+    /// the registry or mirror host it is keyed by. None: not read.
+    pub global_auth_file: Option<PathBuf>,
+}
+
+impl Default for RegistryFilesConfig {
+    fn default() -> Self {
+        RegistryFilesConfig {
+            hosts_dirs: vec![
+                PathBuf::from("/etc/containerd/certs.d"),
+                PathBuf::from("/etc/docker/certs.d"),
+            ],
+            registries_conf: Some(PathBuf::from("/etc/containers/registries.conf")),
+            registries_conf_d: Some(PathBuf::from("/etc/containers/registries.conf.d")),
+            global_auth_file: None,
+        }
+    }
 }
 
 /// How long an issued URL stays valid by default (kubelet's streaming cache uses one minute too).

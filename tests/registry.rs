@@ -305,3 +305,163 @@ fn pull_over_https_with_a_configured_ca() {
     assert_eq!(img.repo_tags, vec![name]);
     env.assert_no_leaks();
 }
+
+/// The files operators keep for the peers, read at each pull (no restart): a containerd
+/// hosts.toml whose mirror is an HTTPS registry trusted by its `ca`, then by `skip_verify`;
+/// a registries.conf that blocks a prefix and moves a repository to a registry behind basic
+/// auth; the credentials from a docker config.json, only for the host they are keyed by.
+#[test]
+fn pull_configured_by_hosts_toml_registries_conf_and_auth_file() {
+    let env = Env::new("reg-files");
+    let tls_dir = env.base.join("registry-tls");
+    let tls = Registry::start_with(&tls_dir, None, true);
+    tls.push_busybox("tls/busybox", "3", None);
+    let user = ("sandbox", "s3cret");
+    let private = Registry::start(&env.base.join("registry-auth"), Some(user));
+    private.push_busybox("private/busybox", "2", Some(user));
+    // The image's own registry: a closed loopback port, so only a configured endpoint serves.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let files = env.base.join("etc");
+    let hosts = files.join("certs.d").join(&closed);
+    std::fs::create_dir_all(&hosts).unwrap();
+    std::fs::create_dir_all(files.join("registries.conf.d")).unwrap();
+    let mut cfg = env.cfg.clone();
+    cfg.registry_files = sandboxd::image::RegistryFilesConfig {
+        hosts_dirs: vec![files.join("absent"), files.join("certs.d")],
+        registries_conf: Some(files.join("registries.conf")),
+        registries_conf_d: Some(files.join("registries.conf.d")),
+        global_auth_file: Some(files.join("config.json")),
+    };
+    let rt = sandboxd::Runtime::new(cfg).unwrap();
+    let none = Auth::default();
+
+    // hosts.toml: the mirror with the test's CA, then the server (closed).
+    std::fs::write(
+        hosts.join("hosts.toml"),
+        format!(
+            "server = \"http://{closed}\"\n[host.\"https://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = \"{}\"\n",
+            tls.addr,
+            tls_dir.join("ca.pem").display()
+        ),
+    )
+    .unwrap();
+    let name = format!("{closed}/tls/busybox:3");
+    let img = rt.pull_image(&name, &none).unwrap();
+    assert_eq!(img.repo_tags, vec![name.clone()]);
+    rt.remove_image(&img.id).unwrap();
+    // skip_verify instead of the CA; then neither: the certificate is refused, and the error
+    // names both endpoints the file gave.
+    std::fs::write(
+        hosts.join("hosts.toml"),
+        format!(
+            "server = \"http://{closed}\"\n[host.\"https://{}\"]\n  skip_verify = true\n",
+            tls.addr
+        ),
+    )
+    .unwrap();
+    let img = rt.pull_image(&name, &none).unwrap();
+    rt.remove_image(&img.id).unwrap();
+    std::fs::write(
+        hosts.join("hosts.toml"),
+        format!(
+            "server = \"http://{closed}\"\n[host.\"https://{}\"]\n",
+            tls.addr
+        ),
+    )
+    .unwrap();
+    let e = rt
+        .pull_image(&format!("{closed}/tls/busybox:other"), &none)
+        .unwrap_err()
+        .to_string();
+    assert!(e.to_lowercase().contains("certificate"), "{e}");
+    assert!(
+        e.contains(&format!("https://{}/v2", tls.addr))
+            && e.contains(&format!("http://{closed}/v2")),
+        "{e}"
+    );
+    // A host that may only pull (not resolve) serves no tag: only the server is tried.
+    std::fs::write(
+        hosts.join("hosts.toml"),
+        format!("server = \"http://{closed}\"\n[host.\"https://{}\"]\n  capabilities = [\"pull\"]\n  skip_verify = true\n", tls.addr),
+    )
+    .unwrap();
+    let e = rt
+        .pull_image(&format!("{closed}/tls/busybox:other"), &none)
+        .unwrap_err()
+        .to_string();
+    assert!(!e.contains(&tls.addr), "{e}");
+
+    // registries.conf: a blocked prefix is refused before anything is resolved or sent; a
+    // drop-in moves a repository of a name that resolves nowhere to the private registry.
+    std::fs::write(
+        files.join("registries.conf"),
+        "[[registry]]\nprefix = \"registry.sandboxd.invalid/blocked\"\nblocked = true\n",
+    )
+    .unwrap();
+    std::fs::write(
+        files.join("registries.conf.d/50-moved.conf"),
+        format!(
+            "[[registry]]\nprefix = \"registry.sandboxd.invalid/moved\"\nlocation = \"{}/private\"\n",
+            private.addr
+        ),
+    )
+    .unwrap();
+    let e = rt
+        .pull_image("registry.sandboxd.invalid/blocked/busybox:2", &none)
+        .unwrap_err();
+    assert!(
+        matches!(e, sandboxd::Error::PermissionDenied(_))
+            && e.to_string().contains("registry.sandboxd.invalid/blocked")
+            && e.to_string().contains("registries.conf"),
+        "{e}"
+    );
+    let moved = "registry.sandboxd.invalid/moved/busybox:2";
+    // No credentials anywhere: the registry's own refusal.
+    let e = rt.pull_image(moved, &none).unwrap_err();
+    assert!(matches!(e, sandboxd::Error::Unauthenticated(_)), "{e}");
+    // The auth file's entry for another host is not sent; the one for this host is.
+    let b64 = |s: &str| {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(s)
+    };
+    std::fs::write(
+        files.join("config.json"),
+        format!(
+            r#"{{"auths": {{"{}": {{"auth": "{}"}}}}}}"#,
+            tls.addr,
+            b64("sandbox:s3cret")
+        ),
+    )
+    .unwrap();
+    assert!(matches!(
+        rt.pull_image(moved, &none).unwrap_err(),
+        sandboxd::Error::Unauthenticated(_)
+    ));
+    std::fs::write(
+        files.join("config.json"),
+        format!(
+            r#"{{"auths": {{"http://{}": {{"auth": "{}"}}}}}}"#,
+            private.addr,
+            b64("sandbox:s3cret")
+        ),
+    )
+    .unwrap();
+    let img = rt.pull_image(moved, &none).unwrap();
+    assert_eq!(img.repo_tags, vec![moved.to_string()]);
+    // The request's own credentials, when it has any, are used instead of the file's.
+    let wrong = Auth {
+        username: "sandbox".into(),
+        password: "nope".into(),
+        ..Default::default()
+    };
+    rt.remove_image(&img.id).unwrap();
+    assert!(matches!(
+        rt.pull_image(moved, &wrong).unwrap_err(),
+        sandboxd::Error::Unauthenticated(_)
+    ));
+    env.assert_no_leaks();
+}

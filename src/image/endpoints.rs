@@ -1,14 +1,18 @@
 //! Where a pull goes and with which credentials: the configured mirrors first, then the
-//! registry itself (HTTPS; plain HTTP for `insecure` and loopback registries), and the
-//! request's credentials, which go only to the registry they were given for.
+//! registry itself (HTTPS; plain HTTP for `insecure` and loopback registries) — from
+//! `[registries]`, else from the peers' files (`hosts_toml.rs`, `registries_conf.rs`) —, and
+//! the request's credentials, which go only to the registry they were given for, else the
+//! global auth file's (`auth_file.rs`).
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use sha2::Digest;
 
 use super::reference::Reference;
 use super::registry::{api_host, Creds};
-use crate::config::RegistryConfig;
+use crate::config::{RegistryConfig, RegistryFilesConfig};
+use crate::error::Error;
 
 /// Credentials from the request (CRI `AuthConfig`).
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -77,7 +81,7 @@ impl Auth {
     }
 }
 
-fn is_loopback(host_port: &str) -> bool {
+pub(super) fn is_loopback(host_port: &str) -> bool {
     let host = host_port
         .rsplit_once(':')
         .filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit()))
@@ -89,32 +93,157 @@ fn is_loopback(host_port: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-/// `(host, plain http)` of every endpoint to try, in order: the mirrors (with the scheme
-/// their URL names, HTTPS by default), then the registry (HTTPS, then HTTP if insecure).
+/// One place a pull may fetch from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `host[:port]`: whose credentials it gets; named in logs and errors.
+    pub host: String,
+    /// `http://` rather than `https://`.
+    pub plain_http: bool,
+    /// The API's root path: `/v2`, `<path>/v2`, or a hosts.toml `override_path` as given.
+    pub root: String,
+    /// The repository there (a registries.conf `location` may move it).
+    pub repo: String,
+    /// PEM CA certificates trusted besides the system's.
+    pub ca: Vec<u8>,
+    /// Any certificate accepted (hosts.toml `skip_verify`, registries.conf `insecure`).
+    pub skip_verify: bool,
+}
+
+impl Endpoint {
+    /// `scheme://host[:port]<root>`
+    pub fn url(&self) -> String {
+        let scheme = if self.plain_http { "http" } else { "https" };
+        format!("{scheme}://{}{}", self.host, self.root)
+    }
+}
+
+/// `(plain http, host[:port], path without a trailing '/')` of `[http[s]://]host[:port][/path]`.
+pub(super) fn split_url(u: &str) -> Option<(bool, String, String)> {
+    let (http, rest) = match u.split_once("://") {
+        Some(("http", rest)) => (true, rest),
+        Some(("https", rest)) => (false, rest),
+        Some(_) => return None,
+        None => (false, u),
+    };
+    let rest = rest.trim_end_matches('/');
+    let (host, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let ok = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
+        && !path.contains(['?', '#', ' ']);
+    ok.then(|| (http, host.to_string(), path.to_string()))
+}
+
+/// A registry configuration file's text, at most `max` bytes; None if it does not exist.
+/// (The operator's own files: a symlink is followed, as the peers do.)
+pub(super) fn read_config_file(path: &Path, max: u64) -> Result<Option<String>, Error> {
+    use std::io::Read;
+    let bad = |e: String| Error::Config(format!("{}: {e}", path.display()));
+    let f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(bad(e.to_string())),
+    };
+    let mut buf = String::new();
+    f.take(max + 1)
+        .read_to_string(&mut buf)
+        .map_err(|e| bad(e.to_string()))?;
+    if buf.len() as u64 > max {
+        return Err(bad(format!("larger than the {max} bytes read")));
+    }
+    Ok(Some(buf))
+}
+
+/// Every endpoint to try for `r`, in order. The first source that speaks for the registry
+/// decides: `[registries]` (mirrors with the scheme their URL names, HTTPS by default, then
+/// the registry: HTTPS, then HTTP if insecure or loopback), else a hosts.toml, else
+/// registries.conf, else the registry itself as `[registries]` would have it.
 pub(super) fn endpoints(
     r: &Reference,
     registries: &BTreeMap<String, RegistryConfig>,
-) -> Vec<(String, bool)> {
+    files: &RegistryFilesConfig,
+) -> Result<Vec<Endpoint>, Error> {
+    if !registries.contains_key(&r.domain) {
+        if let Some(f) = super::hosts_toml::find(&files.hosts_dirs, &r.domain) {
+            return super::hosts_toml::endpoints(&f, r);
+        }
+        if let Some(eps) = super::registries_conf::endpoints(
+            files.registries_conf.as_deref(),
+            files.registries_conf_d.as_deref(),
+            r,
+        )? {
+            return Ok(eps);
+        }
+    }
     let cfg = registries.get(&r.domain).cloned().unwrap_or_default();
-    let mut out: Vec<(String, bool)> = cfg
+    let ca = match &cfg.ca_file {
+        Some(p) => crate::untrusted_fs::read_file(p, 1 << 20)
+            .map_err(|e| Error::Config(format!("registry {} ca_file: {e}", r.domain)))?,
+        None => Vec::new(),
+    };
+    let ep = |(plain_http, host, path): (bool, String, String)| Endpoint {
+        host,
+        plain_http,
+        root: format!("{path}/v2"),
+        repo: r.path.clone(),
+        ca: ca.clone(),
+        skip_verify: false,
+    };
+    let mut out: Vec<Endpoint> = cfg
         .mirrors
         .iter()
-        .filter_map(|m| {
-            let (http, rest) = match m.split_once("://") {
-                Some(("http", rest)) => (true, rest),
-                Some((_, rest)) => (false, rest),
-                None => (false, m.as_str()),
-            };
-            let host = rest.trim_end_matches('/');
-            (!host.is_empty()).then(|| (host.to_string(), http))
-        })
+        .filter_map(|m| split_url(m))
+        .map(ep)
         .collect();
     let host = api_host(&r.domain).to_string();
-    out.push((host.clone(), false));
+    out.push(ep((false, host.clone(), String::new())));
     if cfg.insecure || is_loopback(&r.domain) {
-        out.push((host, true));
+        out.push(ep((true, host, String::new())));
     }
-    out
+    Ok(out)
+}
+
+/// Where a pull of `image` would go, in order (`scheme://host[:port]<root>/<repo>`), and
+/// whether each endpoint would get credentials: what the configuration and the files say,
+/// with no network (the fuzz target's entry, `fuzz/fuzz_targets/registry_files.rs`).
+#[doc(hidden)]
+pub fn plan(
+    image: &str,
+    registries: &BTreeMap<String, RegistryConfig>,
+    files: &RegistryFilesConfig,
+    auth: &Auth,
+) -> Result<Vec<(String, bool)>, Error> {
+    let r = Reference::parse(image)?;
+    endpoints(&r, registries, files)?
+        .into_iter()
+        .map(|ep| {
+            let c = creds(auth, files, &ep, &r)?;
+            Ok((format!("{}/{}", ep.url(), ep.repo), c.is_some()))
+        })
+        .collect()
+}
+
+/// The credentials for endpoint `ep` of a pull of `r`: the request's, if it carries any
+/// (only for the registry they were given for); else the global auth file's entry for the
+/// endpoint's host.
+pub(super) fn creds(
+    auth: &Auth,
+    files: &RegistryFilesConfig,
+    ep: &Endpoint,
+    r: &Reference,
+) -> Result<Option<Creds>, Error> {
+    if auth.creds().is_some() {
+        return Ok(auth.for_endpoint(&ep.host, &r.domain));
+    }
+    match &files.global_auth_file {
+        Some(f) => super::auth_file::creds_for(f, &ep.host),
+        None => Ok(None),
+    }
 }
 
 #[cfg(test)]
@@ -127,28 +256,84 @@ mod tests {
         regs.insert(
             "docker.io".to_string(),
             RegistryConfig {
-                mirrors: vec!["http://127.0.0.1:5001/".into(), "mirror.example".into()],
+                mirrors: vec![
+                    "http://127.0.0.1:5001/".into(),
+                    "mirror.example/cache".into(),
+                ],
                 ..Default::default()
             },
         );
-        let r = Reference::parse("busybox").unwrap();
+        let none = RegistryFilesConfig {
+            hosts_dirs: Vec::new(),
+            registries_conf: None,
+            registries_conf_d: None,
+            global_auth_file: None,
+        };
+        let urls = |s: &str| -> Vec<String> {
+            endpoints(&Reference::parse(s).unwrap(), &regs, &none)
+                .unwrap()
+                .iter()
+                .map(|e| format!("{}/{}", e.url(), e.repo))
+                .collect()
+        };
         assert_eq!(
-            endpoints(&r, &regs),
+            urls("busybox"),
             vec![
-                ("127.0.0.1:5001".to_string(), true),
-                ("mirror.example".to_string(), false),
-                ("registry-1.docker.io".to_string(), false)
+                "http://127.0.0.1:5001/v2/library/busybox",
+                "https://mirror.example/cache/v2/library/busybox",
+                "https://registry-1.docker.io/v2/library/busybox"
             ]
         );
-        let r = Reference::parse("127.0.0.1:5000/x:1").unwrap();
         assert_eq!(
-            endpoints(&r, &regs),
-            vec![
-                ("127.0.0.1:5000".into(), false),
-                ("127.0.0.1:5000".into(), true)
-            ]
+            urls("127.0.0.1:5000/x:1"),
+            vec!["https://127.0.0.1:5000/v2/x", "http://127.0.0.1:5000/v2/x"]
         );
         assert!(is_loopback("localhost:5000") && !is_loopback("example.com:5000"));
+        assert_eq!(split_url("ftp://x"), None);
+        assert_eq!(split_url("https://a b/"), None);
+    }
+
+    #[test]
+    fn our_registries_first_then_hosts_toml_then_registries_conf() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("certs.d/example.com")).unwrap();
+        std::fs::write(
+            t.path().join("certs.d/example.com/hosts.toml"),
+            "server = \"https://from-hosts-toml.example\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            t.path().join("registries.conf"),
+            "[[registry]]\nprefix = \"example.com\"\nblocked = true\n[[registry]]\nprefix = \"example.org\"\nblocked = true\n",
+        )
+        .unwrap();
+        let files = RegistryFilesConfig {
+            hosts_dirs: vec![t.path().join("absent"), t.path().join("certs.d")],
+            registries_conf: Some(t.path().join("registries.conf")),
+            registries_conf_d: Some(t.path().join("absent.d")),
+            global_auth_file: None,
+        };
+        let mut regs = BTreeMap::new();
+        let first = |regs: &BTreeMap<String, RegistryConfig>, s: &str| {
+            endpoints(&Reference::parse(s).unwrap(), regs, &files).map(|e| e[0].url())
+        };
+        assert_eq!(
+            first(&regs, "example.com/x").unwrap(),
+            "https://from-hosts-toml.example/v2"
+        );
+        assert!(matches!(
+            first(&regs, "example.org/x"),
+            Err(Error::PermissionDenied(_))
+        ));
+        assert_eq!(
+            first(&regs, "example.net/x").unwrap(),
+            "https://example.net/v2"
+        );
+        regs.insert("example.org".to_string(), RegistryConfig::default());
+        assert_eq!(
+            first(&regs, "example.org/x").unwrap(),
+            "https://example.org/v2"
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Images: references (`reference.rs`), the content store (`store.rs`), layer unpacking
 //! (`unpack.rs`), imports from archives and layouts (`archive.rs`), and pulls (`pull.rs`,
-//! which registry and credentials in `endpoints.rs`) through a bounded registry client
+//! which registry and credentials in `endpoints.rs`, from `[registries]` or the files the
+//! peers read: `hosts_toml.rs`, `registries_conf.rs`, `auth_file.rs`) through a bounded registry client
 //! (`registry.rs`), large layers by parallel range requests (`ranged.rs`), one fetch per
 //! layer across concurrent pulls (`in_flight.rs`), with their progress (`progress.rs`);
 //! OCI artifacts that are no runnable image (`artifact.rs`).
@@ -8,7 +9,9 @@
 #[doc(hidden)]
 pub mod archive;
 mod artifact;
+mod auth_file;
 mod endpoints;
+mod hosts_toml;
 #[doc(hidden)]
 pub mod in_flight;
 #[doc(hidden)]
@@ -18,6 +21,7 @@ pub mod pull;
 mod ranged;
 #[doc(hidden)]
 pub mod reference;
+mod registries_conf;
 #[doc(hidden)]
 pub mod registry;
 #[doc(hidden)]
@@ -26,8 +30,8 @@ pub mod store;
 pub mod unpack;
 
 /// The image settings of the config file (defined with the rest of it).
-pub use crate::config::{RegistryConfig, StoreConfig};
-pub use endpoints::Auth;
+pub use crate::config::{RegistryConfig, RegistryFilesConfig, StoreConfig};
+pub use endpoints::{plan as plan_pull, Auth};
 pub use store::{ExecConfig, ImageRecord, ImageStore};
 
 /// One caller's flag in a shared pull: raised when the caller stops waiting (see

@@ -1,7 +1,8 @@
 //! PullImage: the configured mirrors first, then the registry itself (HTTPS; plain HTTP only
-//! for registries configured `insecure` and loopback ones, as Docker does). Credentials go
-//! only to the registry they were given for (the request's `server_address`, else the image's
-//! registry), never to a mirror. The manifest (an index resolved to this platform) and config
+//! for registries configured `insecure` and loopback ones, as Docker does; `endpoints.rs`
+//! says which configuration decides). Credentials go only to the registry they were given
+//! for (the request's `server_address`, else the image's registry), never to a mirror; a
+//! request without any takes the global auth file's entry for each endpoint's host. The manifest (an index resolved to this platform) and config
 //! are fetched with size bounds and verified; then the layers this store does not have yet
 //! are downloaded concurrently (bounded), each streamed once through its size and digest
 //! check, decompression and unpacking (no second pass, no temp copy), and committed only once
@@ -18,14 +19,14 @@ use futures_util::StreamExt;
 use serde_json::Value;
 use sha2::Digest;
 
-use super::endpoints::{endpoints, Auth};
+use super::endpoints::{creds, endpoints, Auth, Endpoint};
 use super::in_flight::Claim;
 use super::progress::{LayerProgress, LayerState, PullProgress};
 use super::reference::Reference;
 use super::registry::{Creds, Registry, RegistryError};
 use super::store::{parse_config, ImageStore, NewImage, MAX_DOCUMENT};
 use super::ImageRecord;
-use crate::config::RegistryConfig;
+use crate::config::{RegistryConfig, RegistryFilesConfig};
 use crate::error::{Error, HostError, Result};
 
 /// The error a registry failure maps to (its code reaches kubelet).
@@ -49,14 +50,11 @@ pub async fn pull(
     image: &str,
     auth: &Auth,
     registries: &BTreeMap<String, RegistryConfig>,
+    files: &RegistryFilesConfig,
     progress_timeout: Duration,
 ) -> Result<(ImageRecord, u64)> {
     let r = Reference::parse(image)?;
-    let ca = match registries.get(&r.domain).and_then(|c| c.ca_file.as_ref()) {
-        Some(p) => crate::untrusted_fs::read_file(p, 1 << 20)
-            .map_err(|e| Error::Config(format!("registry {} ca_file: {e}", r.domain)))?,
-        None => Vec::new(),
-    };
+    let eps = endpoints(&r, registries, files)?;
     let started = Instant::now();
     let tracked = store.pulls.begin(&r.full());
     let work = pull_endpoints(
@@ -65,8 +63,8 @@ pub async fn pull(
         &r,
         image,
         auth,
-        registries,
-        &ca,
+        files,
+        eps,
         started,
     );
     if progress_timeout.is_zero() {
@@ -109,15 +107,16 @@ async fn pull_endpoints(
     r: &Reference,
     image: &str,
     auth: &Auth,
-    registries: &BTreeMap<String, RegistryConfig>,
-    ca: &[u8],
+    files: &RegistryFilesConfig,
+    eps: Vec<Endpoint>,
     started: Instant,
 ) -> Result<(ImageRecord, u64)> {
     let mut last: Option<Error> = None;
     let mut tried = Vec::new();
-    for (host, http) in endpoints(r, registries) {
-        let creds = auth.for_endpoint(&host, &r.domain);
-        match pull_from(store, progress, r, &host, http, creds, ca).await {
+    for ep in eps {
+        let host = ep.url();
+        let creds = creds(auth, files, &ep, r)?;
+        match pull_from(store, progress, r, &ep, creds).await {
             Ok((rec, bytes)) => {
                 let secs = started.elapsed().as_secs_f64();
                 tracing::info!(
@@ -132,9 +131,8 @@ async fn pull_endpoints(
                 return Ok((rec, bytes));
             }
             Err(e) => {
-                let scheme = if http { "http" } else { "https" };
-                tracing::warn!(image = %r.full(), endpoint = %format!("{scheme}://{host}"), error = %e, "pull from endpoint failed");
-                tried.push(format!("{scheme}://{host}: {e}"));
+                tracing::warn!(image = %r.full(), endpoint = %host, error = %e, "pull from endpoint failed");
+                tried.push(format!("{host}: {e}"));
                 // Our own limits and a bad image are not the endpoint's fault: stop.
                 if matches!(e, PullError::Local(_)) {
                     return Err(e.into_error(image));
@@ -236,12 +234,10 @@ async fn pull_from(
     store: &ImageStore,
     progress: &PullProgress,
     r: &Reference,
-    host: &str,
-    http: bool,
+    ep: &Endpoint,
     creds: Option<Creds>,
-    ca: &[u8],
 ) -> std::result::Result<(ImageRecord, u64), PullError> {
-    let reg = Arc::new(Registry::new(host, http, &r.path, creds, ca)?);
+    let reg = Arc::new(Registry::new(ep, creds)?);
     let (manifest, manifest_digest, list_digest) = resolve(&reg, r).await?;
     let config_digest = manifest["config"]["digest"]
         .as_str()

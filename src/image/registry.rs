@@ -134,8 +134,8 @@ pub fn api_host(domain: &str) -> &str {
 /// One registry endpoint, for one repository.
 pub struct Registry {
     client: reqwest::Client,
-    /// `https://host[:port]`
-    base: String,
+    /// The API's root: `https://host[:port]/v2` (or where a hosts.toml puts it).
+    api: String,
     repo: String,
     creds: Option<Creds>,
     token: std::sync::Mutex<Option<String>>,
@@ -165,22 +165,21 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 impl Registry {
-    /// `host` is `host[:port]`; `plain_http` for insecure and loopback registries; `ca` are
-    /// PEM certificates trusted besides the system's.
+    /// The client of endpoint `ep` (its scheme, root, CA certificates trusted besides the
+    /// system's, and whether any certificate is accepted) for `ep.repo`.
     pub fn new(
-        host: &str,
-        plain_http: bool,
-        repo: &str,
+        ep: &super::endpoints::Endpoint,
         creds: Option<Creds>,
-        ca: &[u8],
     ) -> Result<Registry, RegistryError> {
         install_tls_provider();
+        let (host, plain_http, ca) = (ep.host.as_str(), ep.plain_http, ep.ca.as_slice());
         let base = || {
             reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(10))
                 .read_timeout(Duration::from_secs(60))
                 .redirect(reqwest::redirect::Policy::limited(5))
                 .no_proxy()
+                .tls_danger_accept_invalid_certs(ep.skip_verify)
                 .user_agent(concat!("sandboxd/", env!("CARGO_PKG_VERSION")))
         };
         let certs = if ca.is_empty() {
@@ -213,8 +212,8 @@ impl Registry {
         };
         Ok(Registry {
             client,
-            base: format!("{}://{host}", if plain_http { "http" } else { "https" }),
-            repo: repo.to_string(),
+            api: ep.url(),
+            repo: ep.repo.clone(),
             creds,
             token: std::sync::Mutex::new(token),
         })
@@ -286,7 +285,7 @@ impl Registry {
         })?;
         let realm_url = reqwest::Url::parse(realm)
             .map_err(|e| RegistryError::Unauthenticated(format!("token realm {realm:?}: {e}")))?;
-        if realm_url.scheme() != "https" && !self.base.starts_with("http://") {
+        if realm_url.scheme() != "https" && !self.api.starts_with("http://") {
             return Err(RegistryError::Unauthenticated(format!(
                 "token realm {realm} is not HTTPS"
             )));
@@ -333,7 +332,7 @@ impl Registry {
         reference: &str,
         max: usize,
     ) -> Result<(Bytes, String, String), RegistryError> {
-        let url = format!("{}/v2/{}/manifests/{reference}", self.base, self.repo);
+        let url = format!("{}/{}/manifests/{reference}", self.api, self.repo);
         let resp = self.get(&url, MANIFEST_TYPES).await?;
         let media = resp
             .headers()
@@ -356,7 +355,7 @@ impl Registry {
     }
 
     fn blob_url(&self, digest: &str) -> String {
-        format!("{}/v2/{}/blobs/{digest}", self.base, self.repo)
+        format!("{}/{}/blobs/{digest}", self.api, self.repo)
     }
 
     /// A small blob (a config) of at most `max` bytes, checked against its digest.

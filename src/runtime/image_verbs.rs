@@ -63,6 +63,7 @@ impl Runtime {
                     image,
                     auth,
                     &self.cfg.registries,
+                    &self.cfg.registry_files,
                     std::time::Duration::from_secs(self.cfg.image_pull_progress_timeout),
                 )
                 .await
