@@ -2,8 +2,9 @@
 //! for registries configured `insecure` and loopback ones, as Docker does; `endpoints.rs`
 //! says which configuration decides). Credentials go only to the registry they were given
 //! for (the request's `server_address`, else the image's registry), never to a mirror; a
-//! request without any takes the global auth file's entry for each endpoint's host. The manifest (an index resolved to this platform) and config
-//! are fetched with size bounds and verified; then the layers this store does not have yet
+//! request without any takes the global auth file's entry for each endpoint's host. The
+//! manifest (an index resolved to this platform) and config are fetched with size bounds
+//! and verified; then the layers this store does not have yet
 //! are downloaded concurrently (bounded), each streamed once through its size and digest
 //! check, decompression and unpacking (no second pass, no temp copy), and committed only once
 //! both its digest and its diff id verified. Foreign layer URLs are never fetched. Each pull
