@@ -184,6 +184,133 @@ fn http_get(port: u16, path: &str) -> (String, String) {
     )
 }
 
+/// Every query of the dashboard we ship (`dashboards/sandboxd-grafana.json`) names series
+/// `/metrics` serves (`body`), and filters, groups and labels its legend by labels those
+/// series carry (or Prometheus's own target labels, `instance` and `job`; `le` on buckets).
+fn check_dashboard(body: &str) {
+    use std::collections::{BTreeSet, HashSet};
+    // Series name -> the label names of its samples.
+    let mut served: HashMap<String, HashSet<String>> = HashMap::new();
+    for line in body.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            let names: Vec<String> = match kind {
+                "counter" => vec![format!("{name}_total")],
+                "histogram" => ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .map(|s| format!("{name}{s}"))
+                    .collect(),
+                _ => vec![name.to_string()],
+            };
+            for n in names {
+                served.entry(n).or_default();
+            }
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let end = line.find(['{', ' ']).unwrap();
+            let labels = served.entry(line[..end].to_string()).or_default();
+            if let Some(rest) = line[end..].strip_prefix('{') {
+                for kv in rest.split("\",") {
+                    if let Some((k, _)) = kv.split_once('=') {
+                        labels.insert(k.to_string());
+                    }
+                }
+            }
+        }
+    }
+    // Identifiers following `word` up to the matching `close`: `by (a, b)`, `{a="x"}`, `{{a}}`.
+    fn lists(expr: &str, open: &str, close: char) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut rest = expr;
+        while let Some(i) = rest.find(open) {
+            rest = &rest[i + open.len()..];
+            let inner = &rest[..rest.find(close).unwrap_or(rest.len())];
+            for part in inner.split(',') {
+                let id: String = part
+                    .trim()
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if !id.is_empty() {
+                    out.push(id);
+                }
+            }
+        }
+        out
+    }
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards/sandboxd-grafana.json");
+    let d: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut queries: Vec<(String, String)> = Vec::new();
+    for p in d["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            queries.push((
+                t["expr"].as_str().unwrap().to_string(),
+                t["legendFormat"].as_str().unwrap_or("").to_string(),
+            ));
+        }
+    }
+    for v in d["templating"]["list"].as_array().unwrap() {
+        queries.push((v["query"].as_str().unwrap().to_string(), String::new()));
+    }
+    assert!(queries.len() >= 10, "{} queries", queries.len());
+    let mut used = BTreeSet::new();
+    for (expr, legend) in &queries {
+        let metrics: Vec<&str> = expr
+            .match_indices("sandboxd_")
+            .map(|(i, _)| {
+                let rest = &expr[i..];
+                &rest[..rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len())]
+            })
+            .collect();
+        assert!(!metrics.is_empty(), "{expr}: names no sandboxd metric");
+        let mut allowed: HashSet<String> = ["instance", "job"].map(String::from).into();
+        for m in &metrics {
+            let labels = served
+                .get(*m)
+                .unwrap_or_else(|| panic!("{expr}: {m} is not served; /metrics:\n{body}"));
+            allowed.extend(labels.iter().cloned());
+            if m.ends_with("_bucket") {
+                allowed.insert("le".into());
+            }
+            used.insert(m.to_string());
+        }
+        let grouped = lists(expr, "by (", ')');
+        let selected: Vec<String> = lists(expr, "{", '}');
+        let label_values = lists(expr, "label_values(", ')').into_iter().skip(1);
+        for l in grouped
+            .iter()
+            .chain(&selected)
+            .chain(label_values.collect::<Vec<_>>().iter())
+        {
+            assert!(
+                allowed.contains(l),
+                "{expr}: label {l} is on none of {metrics:?} ({allowed:?})"
+            );
+        }
+        for l in lists(legend, "{{", '}') {
+            assert!(
+                grouped.contains(&l),
+                "{expr}: the legend's {{{{{l}}}}} is not kept by the aggregation"
+            );
+        }
+    }
+    // And the dashboard shows every family the daemon serves.
+    let families: BTreeSet<String> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|r| r.split(' ').next().unwrap().to_string())
+        .collect();
+    for f in families {
+        assert!(
+            used.iter().any(|u| u.starts_with(&f)),
+            "the dashboard shows nothing of {f}"
+        );
+    }
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -238,6 +365,9 @@ fn prometheus_endpoint() {
     }))
     .unwrap_err();
 
+    // An audit (sandboxctl doctor), so its families have samples too.
+    common::sandboxctl::sandboxctl_ok(&format!("unix://{}", d.socket.display()), &["doctor"]);
+
     let (status, body) = http_get(port, "/metrics");
     assert!(status.contains("200"), "{status}");
     for want in [
@@ -252,6 +382,7 @@ fn prometheus_endpoint() {
         assert!(body.contains(want), "{want} missing from\n{body}");
     }
     assert!(!body.contains("rpc_errors_total{rpc=\"RunPodSandbox\""));
+    check_dashboard(&body);
     let (status, _) = http_get(port, "/other");
     assert!(status.contains("404"), "{status}");
     remove_pod(&rt, &mut c, &sb);
