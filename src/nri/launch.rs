@@ -223,9 +223,18 @@ pub(crate) fn listen(path: &Path) -> Result<(tokio::net::UnixListener, Bound)> {
                 path.display()
             )));
         }
-        let _ = std::fs::remove_file(path);
-        let l = std::os::unix::net::UnixListener::bind(path).map_err(err)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+        // Bound under a temporary name, made 0600, then renamed into place: the socket never
+        // shows at `path` with the umask's mode (a test saw 0755 between bind and chmod).
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        let l = std::os::unix::net::UnixListener::bind(&tmp).map_err(err)?;
+        let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = placed {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(err(e));
+        }
         l.set_nonblocking(true).map_err(err)?;
         let m = std::fs::symlink_metadata(path).map_err(err)?;
         let l = tokio::net::UnixListener::from_std(l).map_err(err)?;
