@@ -285,7 +285,10 @@ fn exec_sync_is_capped_per_container_and_stops_when_its_caller_goes() {
         })
         .collect();
     times.sort();
-    assert!(times[49] < Duration::from_millis(100), "{times:?}");
+    // Starved, every call would wait; the slowest few of 50 also wait for the host's
+    // scheduler when a VM lane shares the cores (one CI run: 56, 75, 187 ms, the 47 others
+    // under 19 ms), so the bound is on the 90th percentile.
+    assert!(times[44] < Duration::from_millis(100), "{times:?}");
     // The callers go: their commands are killed.
     for t in running {
         t.abort();
