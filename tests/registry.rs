@@ -308,8 +308,9 @@ fn pull_over_https_with_a_configured_ca() {
 
 /// The files operators keep for the peers, read at each pull (no restart): a containerd
 /// hosts.toml whose mirror is an HTTPS registry trusted by its `ca`, then by `skip_verify`;
-/// a registries.conf that blocks a prefix and moves a repository to a registry behind basic
-/// auth; the credentials from a docker config.json, only for the host they are keyed by.
+/// a registries.conf that blocks a prefix, mirrors a registry (`insecure`) and moves a
+/// repository to a registry behind basic auth; the credentials from a docker config.json,
+/// only for the host they are keyed by.
 #[test]
 fn pull_configured_by_hosts_toml_registries_conf_and_auth_file() {
     let env = Env::new("reg-files");
@@ -419,6 +420,25 @@ fn pull_configured_by_hosts_toml_registries_conf_and_auth_file() {
             && e.to_string().contains("registries.conf"),
         "{e}"
     );
+    // A mirror from registries.conf (insecure: its certificate is not checked) for a registry
+    // on another closed port, which no hosts.toml speaks for.
+    let closed2 = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    std::fs::write(
+        files.join("registries.conf.d/40-mirror.conf"),
+        format!(
+            "[[registry]]\nlocation = \"{closed2}\"\n[[registry.mirror]]\nlocation = \"{}\"\ninsecure = true\n",
+            tls.addr
+        ),
+    )
+    .unwrap();
+    let via = format!("{closed2}/tls/busybox:3");
+    let img = rt.pull_image(&via, &none).unwrap();
+    assert_eq!(img.repo_tags, vec![via]);
+    rt.remove_image(&img.id).unwrap();
     let moved = "registry.sandboxd.invalid/moved/busybox:2";
     // No credentials anywhere: the registry's own refusal.
     let e = rt.pull_image(moved, &none).unwrap_err();

@@ -197,9 +197,15 @@ pub(super) fn endpoints(
     let mut out: Vec<Endpoint> = cfg
         .mirrors
         .iter()
-        .filter_map(|m| split_url(m))
-        .map(ep)
-        .collect();
+        .map(|m| {
+            split_url(m).map(ep).ok_or_else(|| {
+                Error::Config(format!(
+                    "[registries.\"{}\"] mirror {m:?} is not a registry URL ([http[s]://]host[:port][/path])",
+                    r.domain
+                ))
+            })
+        })
+        .collect::<Result<_, _>>()?;
     let host = api_host(&r.domain).to_string();
     out.push(ep((false, host.clone(), String::new())));
     if cfg.insecure || is_loopback(&r.domain) {
@@ -290,6 +296,12 @@ mod tests {
         );
         assert!(is_loopback("localhost:5000") && !is_loopback("example.com:5000"));
         assert_eq!(split_url("ftp://x"), None);
+        regs.get_mut("docker.io")
+            .unwrap()
+            .mirrors
+            .push("ftp://m.example".into());
+        let e = endpoints(&Reference::parse("busybox").unwrap(), &regs, &none).unwrap_err();
+        assert!(e.to_string().contains("ftp://m.example"), "{e}");
         assert_eq!(split_url("https://a b/"), None);
     }
 
