@@ -406,6 +406,9 @@ impl ImageStore {
             f.sync_all()
                 .map_err(|e| herr(HostError::io("fsync", &tmp, e)))?;
             std::fs::rename(&tmp, &dest).map_err(|e| herr(HostError::io("rename", &dest, e)))?;
+            // The name too, before the index that names the blob can be written: on ext4 the
+            // index's fsync happens to commit it, which no filesystem promises.
+            crate::state::sync_dir(dest.parent().unwrap_or(&self.dir)).map_err(herr)?;
             Ok(size)
         })();
         let _ = std::fs::remove_file(&tmp);
