@@ -340,40 +340,29 @@ fn pull_configured_by_hosts_toml_registries_conf_and_auth_file() {
     let rt = sandboxd::Runtime::new(cfg).unwrap();
     let none = Auth::default();
 
-    // hosts.toml: the mirror with the test's CA, then the server (closed).
-    std::fs::write(
-        hosts.join("hosts.toml"),
-        format!(
-            "server = \"http://{closed}\"\n[host.\"https://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = \"{}\"\n",
-            tls.addr,
-            tls_dir.join("ca.pem").display()
-        ),
-    )
-    .unwrap();
+    // hosts.toml: the mirror with `settings`, then the server (closed).
+    let hosts_toml = |settings: &str| {
+        let text = format!(
+            "server = \"http://{closed}\"\n[host.\"https://{}\"]\n{settings}",
+            tls.addr
+        );
+        std::fs::write(hosts.join("hosts.toml"), text).unwrap()
+    };
+    // The test's CA.
+    hosts_toml(&format!(
+        "  capabilities = [\"pull\", \"resolve\"]\n  ca = \"{}\"\n",
+        tls_dir.join("ca.pem").display()
+    ));
     let name = format!("{closed}/tls/busybox:3");
     let img = rt.pull_image(&name, &none).unwrap();
     assert_eq!(img.repo_tags, vec![name.clone()]);
     rt.remove_image(&img.id).unwrap();
     // skip_verify instead of the CA; then neither: the certificate is refused, and the error
     // names both endpoints the file gave.
-    std::fs::write(
-        hosts.join("hosts.toml"),
-        format!(
-            "server = \"http://{closed}\"\n[host.\"https://{}\"]\n  skip_verify = true\n",
-            tls.addr
-        ),
-    )
-    .unwrap();
+    hosts_toml("  skip_verify = true\n");
     let img = rt.pull_image(&name, &none).unwrap();
     rt.remove_image(&img.id).unwrap();
-    std::fs::write(
-        hosts.join("hosts.toml"),
-        format!(
-            "server = \"http://{closed}\"\n[host.\"https://{}\"]\n",
-            tls.addr
-        ),
-    )
-    .unwrap();
+    hosts_toml("");
     let e = rt
         .pull_image(&format!("{closed}/tls/busybox:other"), &none)
         .unwrap_err()
@@ -385,11 +374,7 @@ fn pull_configured_by_hosts_toml_registries_conf_and_auth_file() {
         "{e}"
     );
     // A host that may only pull (not resolve) serves no tag: only the server is tried.
-    std::fs::write(
-        hosts.join("hosts.toml"),
-        format!("server = \"http://{closed}\"\n[host.\"https://{}\"]\n  capabilities = [\"pull\"]\n  skip_verify = true\n", tls.addr),
-    )
-    .unwrap();
+    hosts_toml("  capabilities = [\"pull\"]\n  skip_verify = true\n");
     let e = rt
         .pull_image(&format!("{closed}/tls/busybox:other"), &none)
         .unwrap_err()

@@ -232,25 +232,25 @@ skip_verify = true
         assert_eq!(eps[0].url(), "https://registry-1.docker.io/v2");
         assert_eq!(eps[0].repo, "library/busybox");
 
-        let f = write(
-            t.path(),
-            "a.example",
-            "[host.\"https://m.example\"]\nclient = \"c.pem\"\n",
-        );
-        let e = endpoints(&f, &Reference::parse("a.example/x").unwrap()).unwrap_err();
-        assert!(e.to_string().contains("client certificates"), "{e}");
-        let f = write(
-            t.path(),
-            "b.example",
-            "[host.\"https://m.example\"]\nca = \"absent.pem\"\n",
-        );
-        let e = endpoints(&f, &Reference::parse("b.example/x").unwrap()).unwrap_err();
-        assert!(e.to_string().contains("absent.pem"), "{e}");
-        let f = write(t.path(), "c.example", "server = 3\n");
-        let e = endpoints(&f, &Reference::parse("c.example/x").unwrap()).unwrap_err();
-        assert!(
-            e.to_string().contains("hosts.toml") && e.to_string().contains("server"),
-            "{e}"
-        );
+        for (host, text, says) in [
+            (
+                "a.example",
+                "[host.\"https://m.example\"]\nclient = \"c.pem\"\n",
+                "client certificates",
+            ),
+            (
+                "b.example",
+                "[host.\"https://m.example\"]\nca = \"absent.pem\"\n",
+                "absent.pem",
+            ),
+            ("c.example", "server = 3\n", "`server`"),
+        ] {
+            let f = write(t.path(), host, text);
+            let e = endpoints(&f, &Reference::parse(&format!("{host}/x")).unwrap()).unwrap_err();
+            assert!(
+                e.to_string().contains(says) && e.to_string().contains("hosts.toml"),
+                "{e}"
+            );
+        }
     }
 }
