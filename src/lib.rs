@@ -21,6 +21,7 @@ pub mod nri;
 pub mod server;
 pub mod signals;
 pub mod streaming;
+pub mod telemetry;
 
 // Internals: public only for this crate's integration tests, benchmarks and fuzz targets —
 // not an API, hidden from the docs, free to change.

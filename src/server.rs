@@ -39,6 +39,8 @@ pub struct DaemonConfig {
     /// node's addresses (their bridge's gateway among them), so a wildcard or node address
     /// would show every tenant the node's pods, RPCs and orphans.
     pub metrics_allow_remote: bool,
+    /// Spans exported over OTLP/gRPC (`[tracing] endpoint`); off by default.
+    pub tracing: crate::telemetry::TracingConfig,
     /// The core runtime's settings, as top-level keys of the same file.
     #[serde(flatten)]
     pub runtime: Config,
@@ -52,6 +54,7 @@ impl Default for DaemonConfig {
             log_format: "text".into(),
             metrics_address: None,
             metrics_allow_remote: false,
+            tracing: Default::default(),
             runtime: Config::default(),
         }
     }
@@ -81,6 +84,9 @@ impl DaemonConfig {
                 "{}: unknown key {k:?}",
                 path.display()
             )));
+        }
+        if let Err(Error::Config(m)) = cfg.tracing.check() {
+            return Err(Error::Config(format!("{}: {m}", path.display())));
         }
         Ok(cfg)
     }

@@ -190,12 +190,17 @@ fn main() {
         print!("{}", cfg.to_toml());
         return;
     }
-    init_logging(&cfg);
+    let exporter = match init_logging(&cfg) {
+        Ok(e) => e,
+        Err(e) => fail(&e.to_string()),
+    };
     let result = match cli.command {
         Some(Cmd::Demo { infra }) => demo(cfg, infra),
         Some(Cmd::Completion { .. } | Cmd::Man) => Ok(()),
         None => daemon(cfg),
     };
+    // The spans of the last calls, sent before the exit.
+    drop(exporter);
     if let Err(e) = result {
         fail(&e.to_string());
     }
@@ -231,37 +236,67 @@ fn stderr_is_journal() -> bool {
     v.to_str() == Some(&format!("{}:{}", meta.dev(), meta.ino()))
 }
 
-fn init_logging(cfg: &DaemonConfig) {
+/// Logs to journald (under systemd) or stderr, and spans to the OTLP collector when
+/// `[tracing] endpoint` is set; the exporter returned flushes its queue when dropped.
+fn init_logging(
+    cfg: &DaemonConfig,
+) -> Result<Option<sandboxd::telemetry::Exporter>, sandboxd::Error> {
+    use tracing_subscriber::filter::{filter_fn, FilterExt};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{Layer, Registry};
     let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Under systemd, to journald with each field its own (SANDBOX_ID=…, CONTAINER_ID=…:
-    // `journalctl -u sandboxd SANDBOX_ID=<id>`), unless JSON lines were asked for.
-    if cfg.log_format != "json" && stderr_is_journal() {
-        use tracing_subscriber::layer::SubscriberExt;
-        use tracing_subscriber::util::SubscriberInitExt;
-        match tracing_journald::layer() {
-            Ok(j) => {
-                tracing_subscriber::registry()
-                    .with(filter)
-                    .with(
-                        j.with_field_prefix(None)
-                            .with_syslog_identifier("sandboxd".into()),
-                    )
-                    .init();
-                return;
+    // The request spans are the exporter's: a log line names its call by its `cri` span.
+    let logs_filter = filter.and(filter_fn(|m| {
+        m.target() != sandboxd::telemetry::REQUEST_TARGET
+    }));
+    let logs: Box<dyn Layer<Registry> + Send + Sync> = match log_layer(cfg) {
+        Some(j) => j,
+        None => {
+            use std::io::IsTerminal;
+            let b = tracing_subscriber::fmt::layer()
+                .with_ansi(std::io::stderr().is_terminal())
+                .with_writer(std::io::stderr);
+            match cfg.log_format == "json" {
+                true => Box::new(b.json()),
+                false => Box::new(b),
             }
-            Err(e) => eprintln!("sandboxd: journald: {e}; logging to stderr"),
+        }
+    };
+    let base = tracing_subscriber::registry().with(logs.with_filter(logs_filter));
+    // Spans and events of the daemon's own code at info and above, whatever the log level.
+    let ours =
+        filter_fn(|m| m.target().starts_with("sandboxd") && *m.level() <= tracing::Level::INFO);
+    match sandboxd::telemetry::layer(&cfg.tracing)? {
+        Some((otel, exporter)) => {
+            base.with(otel.with_filter(ours)).init();
+            Ok(Some(exporter))
+        }
+        None => {
+            base.init();
+            Ok(None)
         }
     }
-    use std::io::IsTerminal;
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    if cfg.log_format == "json" {
-        b.json().init();
-    } else {
-        b.init();
+}
+
+/// Under systemd, to journald with each field its own (SANDBOX_ID=…, CONTAINER_ID=…:
+/// `journalctl -u sandboxd SANDBOX_ID=<id>`), unless JSON lines were asked for.
+fn log_layer(
+    cfg: &DaemonConfig,
+) -> Option<Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>> {
+    if cfg.log_format == "json" || !stderr_is_journal() {
+        return None;
+    }
+    match tracing_journald::layer() {
+        Ok(j) => Some(Box::new(
+            j.with_field_prefix(None)
+                .with_syslog_identifier("sandboxd".into()),
+        )),
+        Err(e) => {
+            eprintln!("sandboxd: journald: {e}; logging to stderr");
+            None
+        }
     }
 }
 

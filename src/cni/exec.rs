@@ -39,6 +39,8 @@ pub(super) fn invoke(
     att: &Attachment,
 ) -> Result<Value, CniError> {
     let typ = plugin_type(plugin);
+    let _span = tracing::info_span!("cni", command, plugin = typ, container_id = %att.container_id)
+        .entered();
     let bin = find_plugin(&cni.bin_dirs, typ)?;
     let mut cmd = Command::new(&bin);
     cmd.env_clear()

@@ -118,6 +118,9 @@ impl CriService {
         T: Send + 'static,
         F: FnOnce(&Runtime) -> crate::error::Result<T> + Send + 'static,
     {
+        if rpc != "RunPodSandbox" {
+            crate::telemetry::record_id("sandbox_id", sandbox_id);
+        }
         let span = tracing::info_span!("cri", rpc, sandbox_id = %sandbox_id);
         self.in_span(rpc, span, f).await
     }
@@ -128,6 +131,9 @@ impl CriService {
         T: Send + 'static,
         F: FnOnce(&Runtime) -> crate::error::Result<T> + Send + 'static,
     {
+        if !rpc.contains("Image") {
+            crate::telemetry::record_id("container_id", id);
+        }
         let span = tracing::info_span!("cri", rpc, container_id = %id);
         self.in_span(rpc, span, f).await
     }

@@ -231,7 +231,8 @@ impl DaemonMetrics {
     }
 }
 
-/// A tower layer that times every gRPC call and reads its status: an error answer carries
+/// A tower layer that times every gRPC call (in its request span when spans are exported,
+/// [`crate::telemetry`]) and reads its status: an error answer carries
 /// `grpc-status` in its headers (trailers-only); a success has it in the trailers (0).
 #[derive(Clone)]
 pub struct RpcMetricsLayer(pub Arc<DaemonMetrics>);
@@ -281,10 +282,12 @@ where
             .unwrap_or_default()
             .to_string();
         let started = std::time::Instant::now();
-        let fut = self.inner.call(req);
+        let span = crate::telemetry::request_span(req.uri().path(), req.headers());
+        let fut = span.in_scope(|| self.inner.call(req));
         let metrics = self.metrics.clone();
         Box::pin(async move {
-            let r = fut.await;
+            use tracing::Instrument;
+            let r = fut.instrument(span.clone()).await;
             let code = match &r {
                 Ok(resp) => resp
                     .headers()
@@ -295,6 +298,7 @@ where
                 Err(_) => tonic::Code::Internal as i32,
             };
             metrics.observe_rpc(&method, code, started.elapsed());
+            crate::telemetry::record_status(&span, code);
             r
         })
     }

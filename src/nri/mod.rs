@@ -197,11 +197,16 @@ impl Nri {
         &self,
         f: impl std::future::Future<Output = T> + Send + 'static,
     ) -> Option<T> {
+        use tracing::Instrument;
         let t = self.tokio.as_ref()?;
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        t.spawn(async move {
-            let _ = tx.send(f.await);
-        });
+        // In the verb's span: a plugin's request span is a step of the CRI call.
+        t.spawn(
+            async move {
+                let _ = tx.send(f.await);
+            }
+            .instrument(tracing::Span::current()),
+        );
         rx.recv().ok()
     }
 

@@ -99,8 +99,13 @@ impl Plugin {
         if self.is_closed() {
             return Err(Failure::Dropped("closed".into()));
         }
+        use tracing::Instrument;
         let ctx = ttrpc::context::with_duration(limit);
-        match tokio::time::timeout(limit, call(self.client.clone(), ctx)).await {
+        let span = tracing::info_span!("nri", plugin = %self.id, request = what);
+        let answer = tokio::time::timeout(limit, call(self.client.clone(), ctx))
+            .instrument(span)
+            .await;
+        match answer {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(ttrpc::Error::RpcStatus(s)))
                 if s.code == ttrpc::Code::UNIMPLEMENTED as i32

@@ -108,6 +108,8 @@ impl OciRuntime {
         on_timeout: impl FnOnce(i32),
     ) -> Result<Vec<u8>, RuntimeError> {
         cmd.env_remove("NOTIFY_SOCKET");
+        let _span = tracing::info_span!("oci_runtime", op, runtime = %self.name, container_id = id)
+            .entered();
         let started = std::time::Instant::now();
         let limits = process::Limits {
             within,
@@ -129,10 +131,8 @@ impl OciRuntime {
                     source,
                 },
             })?;
+        // The op, runtime and container are the span's.
         tracing::debug!(
-            container_id = id,
-            runtime = %self.name,
-            op,
             elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
             status = %out.status,
             "runtime call returned"

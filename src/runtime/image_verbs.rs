@@ -51,6 +51,7 @@ impl Runtime {
             cell
         };
         let out = cell.result.get_or_init(|| {
+            let _span = tracing::info_span!("pull", image).entered();
             let started = std::time::Instant::now();
             let pull = async {
                 let _slot = self

@@ -29,6 +29,12 @@ impl Daemon {
         Self::config_file_at(&env.base, cfg, "")
     }
 
+    /// [`config_file_with`](Self::config_file_with) with `extra` daemon keys (TOML lines).
+    #[allow(dead_code)]
+    pub fn config_file_extra(env: &Env, cfg: &sandboxd::Config, extra: &str) -> PathBuf {
+        Self::config_file_at(&env.base, cfg, extra)
+    }
+
     fn config_file_at(base: &Path, cfg: &sandboxd::Config, extra: &str) -> PathBuf {
         let path = base.join("sandboxd.toml");
         let mut toml = format!(

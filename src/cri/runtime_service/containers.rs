@@ -40,6 +40,7 @@ pub(super) async fn create_container(
             rt.create_container(&sandbox, &config)
         })
         .await?;
+    crate::telemetry::record_id("container_id", &id);
     tracing::info!(container_id = %id, sandbox_id = %req.pod_sandbox_id, "CreateContainer done");
     Ok(Response::new(cri::CreateContainerResponse {
         container_id: id,

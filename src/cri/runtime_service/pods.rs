@@ -16,6 +16,7 @@ pub(super) async fn run_pod_sandbox(
             rt.run_pod_sandbox(&config)
         })
         .await?;
+    crate::telemetry::record_id("sandbox_id", &id);
     tracing::info!(sandbox_id = %id, name = %name, "RunPodSandbox done");
     Ok(Response::new(cri::RunPodSandboxResponse {
         pod_sandbox_id: id,
