@@ -376,6 +376,7 @@ impl Config {
                 registries_conf: Some(base.join("registries.conf")),
                 registries_conf_d: Some(base.join("registries.conf.d")),
                 global_auth_file: None,
+                signature_policy: Some(base.join("policy.json")),
             },
             nri: NriConfig {
                 socket_path: base.join("nri/nri.sock"),
@@ -515,6 +516,10 @@ pub struct RegistryFilesConfig {
     /// for pulls whose request carries none (CRI-O's `global_auth_file`); each goes only to
     /// the registry or mirror host it is keyed by. None: not read.
     pub global_auth_file: Option<PathBuf>,
+    /// A containers-policy.json (CRI-O's `signature_policy`): which images a pull accepts,
+    /// refuses, or accepts only with a sigstore signature by a key it names. None, or no
+    /// such file: every image is accepted.
+    pub signature_policy: Option<PathBuf>,
 }
 
 impl Default for RegistryFilesConfig {
@@ -527,6 +532,7 @@ impl Default for RegistryFilesConfig {
             registries_conf: Some(PathBuf::from("/etc/containers/registries.conf")),
             registries_conf_d: Some(PathBuf::from("/etc/containers/registries.conf.d")),
             global_auth_file: None,
+            signature_policy: Some(PathBuf::from("/etc/containers/policy.json")),
         }
     }
 }

@@ -336,6 +336,7 @@ fn pull_configured_by_hosts_toml_registries_conf_and_auth_file() {
         registries_conf: Some(files.join("registries.conf")),
         registries_conf_d: Some(files.join("registries.conf.d")),
         global_auth_file: Some(files.join("config.json")),
+        signature_policy: None,
     };
     let rt = sandboxd::Runtime::new(cfg).unwrap();
     let none = Auth::default();
@@ -469,4 +470,236 @@ fn pull_configured_by_hosts_toml_registries_conf_and_auth_file() {
         sandboxd::Error::Unauthenticated(_)
     ));
     env.assert_no_leaks();
+}
+
+/// A P-256 key pair (ring) and its public key as the PEM `cosign generate-key-pair` writes.
+struct SigningKey {
+    pair: ring::signature::EcdsaKeyPair,
+    pem: String,
+}
+
+impl SigningKey {
+    fn new() -> SigningKey {
+        use base64::Engine;
+        use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_ASN1_SIGNING};
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &rng).unwrap();
+        let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, pkcs8.as_ref(), &rng)
+            .unwrap();
+        // SubjectPublicKeyInfo of an id-ecPublicKey on prime256v1, then the point.
+        let mut der = vec![
+            0x30, 0x59, 0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06,
+            0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07, 0x03, 0x42, 0x00,
+        ];
+        der.extend_from_slice(pair.public_key().as_ref());
+        let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+        let lines: Vec<&str> = b64
+            .as_bytes()
+            .chunks(64)
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect();
+        let pem = format!(
+            "-----BEGIN PUBLIC KEY-----\n{}\n-----END PUBLIC KEY-----\n",
+            lines.join("\n")
+        );
+        SigningKey { pair, pem }
+    }
+
+    /// A cosign "simple signing" payload claiming `name` for `digest`, and its signature.
+    fn sign(&self, name: &str, digest: &str) -> (Vec<u8>, Vec<u8>) {
+        let payload = serde_json::to_vec(&serde_json::json!({
+            "critical": {
+                "identity": {"docker-reference": name},
+                "image": {"docker-manifest-digest": digest},
+                "type": "cosign container image signature"
+            },
+            "optional": null
+        }))
+        .unwrap();
+        let sig = self
+            .pair
+            .sign(&ring::rand::SystemRandom::new(), &payload)
+            .unwrap();
+        (payload, sig.as_ref().to_vec())
+    }
+}
+
+/// Stores signatures for `digest` as cosign does: the manifest `sha256-<hex>.sig` in `repo`,
+/// a layer per (payload, signature).
+fn push_signatures(reg: &Registry, repo: &str, digest: &str, sigs: &[(Vec<u8>, Vec<u8>)]) {
+    use base64::Engine;
+    let config =
+        br#"{"architecture":"","os":"","config":{},"rootfs":{"type":"layers","diff_ids":[]}}"#;
+    reg.push_blob(repo, None, config);
+    let mut layers = Vec::new();
+    for (payload, sig) in sigs {
+        reg.push_blob(repo, None, payload);
+        layers.push(serde_json::json!({
+            "mediaType": "application/vnd.dev.cosign.simplesigning.v1+json",
+            "digest": common::busybox::sha(payload),
+            "size": payload.len(),
+            "annotations": {
+                "dev.cosignproject.cosign/signature":
+                    base64::engine::general_purpose::STANDARD.encode(sig)
+            }
+        }));
+    }
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": common::busybox::sha(config), "size": config.len()},
+        "layers": layers,
+    }))
+    .unwrap();
+    let tag = format!("sha256-{}.sig", digest.trim_start_matches("sha256:"));
+    reg.push_manifest(
+        repo,
+        &tag,
+        None,
+        &manifest,
+        "application/vnd.oci.image.manifest.v1+json",
+    );
+}
+
+#[test]
+fn pulls_follow_the_signature_policy_with_sigstore_signatures() {
+    let env = Env::new("reg-policy");
+    let reg = Registry::start(&env.base.join("registry"), None);
+    let a = &reg.addr;
+    let (layer, config) = common::busybox::gzip_layer_and_config();
+    let layer_digest = common::busybox::sha(&layer);
+    let push = |repo: &str| reg.push_image(repo, "1", None, std::slice::from_ref(&layer), &config);
+    let ours = SigningKey::new();
+    let theirs = SigningKey::new();
+    std::fs::write(env.base.join("ours.pub"), &ours.pem).unwrap();
+    std::fs::write(env.base.join("theirs.pub"), &theirs.pem).unwrap();
+    let key = env.base.join("ours.pub").display().to_string();
+
+    // Signed by our key, claiming the repository (cosign's claim).
+    let signed = push("test/signed");
+    push_signatures(
+        &reg,
+        "test/signed",
+        &signed,
+        &[ours.sign(&format!("{a}/test/signed"), &signed)],
+    );
+    // Unsigned; signed by another key.
+    push("test/unsigned");
+    let other = push("test/other-key");
+    push_signatures(
+        &reg,
+        "test/other-key",
+        &other,
+        &[theirs.sign(&format!("{a}/test/other-key"), &other)],
+    );
+    // A manifest changed after signing (another digest): the original's signature copied to
+    // it, and that signature's payload edited to name the new digest.
+    let tampered = reg.push_image(
+        "test/tampered",
+        "1",
+        None,
+        std::slice::from_ref(&layer),
+        &[&config[..], b" "].concat(),
+    );
+    let (payload, sig) = ours.sign(&format!("{a}/test/tampered"), &signed);
+    let edited = String::from_utf8(payload.clone())
+        .unwrap()
+        .replace(&signed, &tampered);
+    push_signatures(
+        &reg,
+        "test/tampered",
+        &tampered,
+        &[(payload, sig.clone()), (edited.into_bytes(), sig)],
+    );
+    // Under the default identity (matchRepoDigestOrExact) a tag pull needs the tag claimed.
+    let exact = push("test/exact/tagged");
+    push_signatures(
+        &reg,
+        "test/exact/tagged",
+        &exact,
+        &[ours.sign(&format!("{a}/test/exact/tagged:1"), &exact)],
+    );
+    let bare = push("test/exact/untagged");
+    push_signatures(
+        &reg,
+        "test/exact/untagged",
+        &bare,
+        &[ours.sign(&format!("{a}/test/exact/untagged"), &bare)],
+    );
+    push("test/open/app");
+    push("test/closed/app");
+
+    // The registry needs our signature; one namespace needs the exact name; one repository
+    // is open, another closed, each overriding the registry's scope.
+    let policy = serde_json::json!({
+        "default": [{"type": "insecureAcceptAnything"}],
+        "transports": {"docker": {
+            a.as_str(): [{"type": "sigstoreSigned", "keyPath": key, "signedIdentity": {"type": "matchRepository"}}],
+            format!("{a}/test/exact"): [{"type": "sigstoreSigned", "keyPath": key}],
+            format!("{a}/test/open"): [{"type": "insecureAcceptAnything"}],
+            format!("{a}/test/closed"): [{"type": "reject"}],
+        }}
+    });
+    std::fs::write(
+        env.cfg.registry_files.signature_policy.as_ref().unwrap(),
+        serde_json::to_vec_pretty(&policy).unwrap(),
+    )
+    .unwrap();
+    let rt = env.runtime();
+    let none = Auth::default();
+    let refused = |image: &str, says: &str| match rt.pull_image(&format!("{a}/{image}"), &none) {
+        Err(e @ sandboxd::Error::PermissionDenied(_)) => {
+            let m = e.to_string();
+            assert!(m.contains(says), "{image}: {m}");
+            assert!(
+                m.contains("policy.json"),
+                "{image}: names no policy file: {m}"
+            );
+        }
+        other => panic!("{image}: expected a refusal, got {other:?}"),
+    };
+    let pushed = std::fs::read_to_string(&reg.log).unwrap().len();
+    refused("test/unsigned:1", "no sigstore signature is stored");
+    // By digest too (the digest of the signed image, stored under the unsigned repository).
+    refused(&format!("test/unsigned@{signed}"), "no sigstore signature");
+    refused(
+        "test/other-key:1",
+        "verifies with none of the policy's keys",
+    );
+    refused(
+        "test/tampered:1",
+        &format!("is for \"{signed}\", not {tampered}"),
+    );
+    refused("test/tampered:1", "verifies with none of the policy's keys");
+    refused("test/exact/untagged:1", "does not accept");
+    refused("test/closed/app:1", "rejected");
+    // A rejected image is not asked of the registry; no refused image's layer was fetched.
+    let log = std::fs::read_to_string(&reg.log).unwrap();
+    assert!(
+        !log[pushed..].contains("/v2/test/closed/"),
+        "the registry was asked for a rejected image"
+    );
+    assert_eq!(
+        reg.blob_gets(&layer_digest),
+        0,
+        "a refused image's layer was fetched"
+    );
+
+    for image in ["test/signed:1", "test/exact/tagged:1", "test/open/app:1"] {
+        rt.pull_image(&format!("{a}/{image}"), &none)
+            .unwrap_or_else(|e| panic!("{image}: {e}"));
+    }
+    rt.pull_image(&format!("{a}/test/signed@{signed}"), &none)
+        .unwrap();
+    // A policy file that does not parse fails the pull naming it, never accepts.
+    std::fs::write(
+        env.cfg.registry_files.signature_policy.as_ref().unwrap(),
+        r#"{"default": [{"type": "sigstoreSigned"}]}"#,
+    )
+    .unwrap();
+    let e = rt
+        .pull_image(&format!("{a}/test/open/app:1"), &none)
+        .unwrap_err();
+    assert!(e.to_string().contains("names no key"), "{e}");
 }

@@ -30,6 +30,7 @@ fuzz_target!(|data: &[u8]| {
         registries_conf: Some(base.join("registries.conf")),
         registries_conf_d: Some(base.join("registries.conf.d")),
         global_auth_file: Some(base.join("config.json")),
+        signature_policy: None,
     };
     let digest = format!("example.org/a/b@sha256:{}", "c".repeat(64));
     for image in [

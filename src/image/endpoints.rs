@@ -141,7 +141,7 @@ pub(super) fn split_url(u: &str) -> Option<(bool, String, String)> {
 
 /// A registry configuration file's text, at most `max` bytes; None if it does not exist.
 /// (The operator's own files: a symlink is followed, as the peers do.)
-pub(super) fn read_config_file(path: &Path, max: u64) -> Result<Option<String>, Error> {
+pub(crate) fn read_config_file(path: &Path, max: u64) -> Result<Option<String>, Error> {
     use std::io::Read;
     let bad = |e: String| Error::Config(format!("{}: {e}", path.display()));
     let f = match std::fs::File::open(path) {
@@ -274,6 +274,7 @@ mod tests {
             registries_conf: None,
             registries_conf_d: None,
             global_auth_file: None,
+            signature_policy: None,
         };
         let urls = |s: &str| -> Vec<String> {
             endpoints(&Reference::parse(s).unwrap(), &regs, &none)
@@ -324,6 +325,7 @@ mod tests {
             registries_conf: Some(t.path().join("registries.conf")),
             registries_conf_d: Some(t.path().join("absent.d")),
             global_auth_file: None,
+            signature_policy: None,
         };
         let mut regs = BTreeMap::new();
         let first = |regs: &BTreeMap<String, RegistryConfig>, s: &str| {

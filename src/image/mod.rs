@@ -15,6 +15,8 @@ mod hosts_toml;
 #[doc(hidden)]
 pub mod in_flight;
 #[doc(hidden)]
+pub mod policy;
+#[doc(hidden)]
 pub mod progress;
 #[doc(hidden)]
 pub mod pull;

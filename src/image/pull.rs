@@ -22,6 +22,7 @@ use sha2::Digest;
 
 use super::endpoints::{creds, endpoints, Auth, Endpoint};
 use super::in_flight::Claim;
+use super::policy::Verdict;
 use super::progress::{LayerProgress, LayerState, PullProgress};
 use super::reference::Reference;
 use super::registry::{Creds, Registry, RegistryError};
@@ -112,12 +113,21 @@ async fn pull_endpoints(
     eps: Vec<Endpoint>,
     started: Instant,
 ) -> Result<(ImageRecord, u64)> {
+    // The signature policy first: a refused image is not asked of any registry.
+    let verdict = match super::policy::load(files.signature_policy.as_deref())? {
+        None => None,
+        Some(p) => match p.verdict(r) {
+            Verdict::Accept => None,
+            Verdict::Refuse(m) => return Err(Error::PermissionDenied(m)),
+            v @ Verdict::Verify { .. } => Some(v),
+        },
+    };
     let mut last: Option<Error> = None;
     let mut tried = Vec::new();
     for ep in eps {
         let host = ep.url();
         let creds = creds(auth, files, &ep, r)?;
-        match pull_from(store, progress, r, &ep, creds).await {
+        match pull_from(store, progress, r, &ep, creds, verdict.as_ref()).await {
             Ok((rec, bytes)) => {
                 let secs = started.elapsed().as_secs_f64();
                 tracing::info!(
@@ -237,9 +247,22 @@ async fn pull_from(
     r: &Reference,
     ep: &Endpoint,
     creds: Option<Creds>,
+    verdict: Option<&Verdict>,
 ) -> std::result::Result<(ImageRecord, u64), PullError> {
     let reg = Arc::new(Registry::new(ep, creds)?);
     let (manifest, manifest_digest, list_digest) = resolve(&reg, r).await?;
+    // Signatures are of what the reference names (an index's digest for a multi-platform
+    // image), from the endpoint that serves it, checked before any layer is fetched.
+    if let Some(Verdict::Verify {
+        reqs,
+        scope,
+        source,
+    }) = verdict
+    {
+        let top = list_digest.as_deref().unwrap_or(&manifest_digest);
+        let found = super::policy::fetch(&reg, top).await?;
+        super::policy::check(reqs, &found, r, top, scope, source).map_err(RegistryError::Denied)?;
+    }
     let config_digest = manifest["config"]["digest"]
         .as_str()
         .ok_or_else(|| RegistryError::Invalid("the manifest names no config".into()))?
