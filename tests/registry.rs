@@ -241,11 +241,7 @@ fn pull_with_basic_auth_and_through_a_mirror() {
     cfg.registries = regs;
     // Credentials given for a registry never go to its mirror (a registry on a closed
     // loopback port here, so nothing is resolved or sent off this machine)...
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
+    let closed = free_loopback_addr();
     cfg.registries.insert(
         closed.clone(),
         RegistryConfig {
@@ -292,11 +288,13 @@ fn pull_over_https_with_a_configured_ca() {
     assert!(rt.images().list().is_empty());
     drop(rt);
 
+    // The CA through a symlink, as certificates in /etc/ssl/certs are.
+    std::os::unix::fs::symlink(dir.join("ca.pem"), dir.join("ca-link.pem")).unwrap();
     let mut cfg = env.cfg.clone();
     cfg.registries.insert(
         reg.addr.clone(),
         RegistryConfig {
-            ca_file: Some(dir.join("ca.pem")),
+            ca_file: Some(dir.join("ca-link.pem")),
             ..Default::default()
         },
     );
@@ -321,11 +319,7 @@ fn pull_configured_by_hosts_toml_registries_conf_and_auth_file() {
     let private = Registry::start(&env.base.join("registry-auth"), Some(user));
     private.push_busybox("private/busybox", "2", Some(user));
     // The image's own registry: a closed loopback port, so only a configured endpoint serves.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
+    let closed = free_loopback_addr();
     let files = env.base.join("etc");
     let hosts = files.join("certs.d").join(&closed);
     std::fs::create_dir_all(&hosts).unwrap();
@@ -408,11 +402,7 @@ fn pull_configured_by_hosts_toml_registries_conf_and_auth_file() {
     );
     // A mirror from registries.conf (insecure: its certificate is not checked) for a registry
     // on another closed port, which no hosts.toml speaks for.
-    let closed2 = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
+    let closed2 = free_loopback_addr();
     std::fs::write(
         files.join("registries.conf.d/40-mirror.conf"),
         format!(

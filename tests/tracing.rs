@@ -368,16 +368,13 @@ fn the_sampling_ratio_picks_new_traces_and_a_callers_choice_is_kept() {
 #[test]
 fn a_collector_that_is_not_there_holds_no_call() {
     let env = Env::new("otlp-absent");
-    // A port nothing listens on (bound, then closed).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     let mut d = Daemon::start_extra(
         &env,
         &env.cfg,
-        &format!("tracing = {{ endpoint = \"http://127.0.0.1:{port}\" }}\n"),
+        &format!(
+            "tracing = {{ endpoint = \"http://{}\" }}\n",
+            free_loopback_addr()
+        ),
     );
     let rt = rt();
     let mut c = rt.block_on(client(&d.socket));

@@ -142,21 +142,19 @@ pub(super) fn split_url(u: &str) -> Option<(bool, String, String)> {
 /// A registry configuration file's text, at most `max` bytes; None if it does not exist.
 /// (The operator's own files: a symlink is followed, as the peers do.)
 pub(crate) fn read_config_file(path: &Path, max: u64) -> Result<Option<String>, Error> {
-    use std::io::Read;
     let bad = |e: String| Error::Config(format!("{}: {e}", path.display()));
-    let f = match std::fs::File::open(path) {
-        Ok(f) => f,
+    match std::fs::metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(bad(e.to_string())),
-    };
-    let mut buf = String::new();
-    f.take(max + 1)
-        .read_to_string(&mut buf)
-        .map_err(|e| bad(e.to_string()))?;
-    if buf.len() as u64 > max {
-        return Err(bad(format!("larger than the {max} bytes read")));
+        Ok(_) => {}
     }
-    Ok(Some(buf))
+    // A regular file only, opened without blocking (a FIFO in its place stalls no pull),
+    // bounded; symlinks followed: these are root's files, as the peers read them.
+    let bytes =
+        crate::untrusted_fs::read_file(path, max).map_err(|e| Error::Config(e.to_string()))?;
+    String::from_utf8(bytes)
+        .map(Some)
+        .map_err(|_| bad("not UTF-8".into()))
 }
 
 /// Every endpoint to try for `r`, in order. The first source that speaks for the registry
@@ -181,9 +179,19 @@ pub(super) fn endpoints(
         }
     }
     let cfg = registries.get(&r.domain).cloned().unwrap_or_default();
+    // An operator's file, read as a hosts.toml `ca` and every registry file is: a regular
+    // file, bounded, symlinks followed (the certificates in /etc/ssl/certs are links).
     let ca = match &cfg.ca_file {
-        Some(p) => crate::untrusted_fs::read_file(p, 1 << 20)
-            .map_err(|e| Error::Config(format!("registry {} ca_file: {e}", r.domain)))?,
+        Some(p) => read_config_file(p, 1 << 20)
+            .map_err(|e| Error::Config(format!("registry {} ca_file: {e}", r.domain)))?
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "registry {} ca_file {}: no such file",
+                    r.domain,
+                    p.display()
+                ))
+            })?
+            .into_bytes(),
         None => Vec::new(),
     };
     let ep = |(plain_http, host, path): (bool, String, String)| Endpoint {
@@ -255,6 +263,26 @@ pub(super) fn creds(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn config_files_are_regular_files_read_through_symlinks() {
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("registries.conf");
+        std::fs::write(&f, "x = 1\n").unwrap();
+        std::os::unix::fs::symlink(&f, t.path().join("link.conf")).unwrap();
+        let read = |name: &str| read_config_file(&t.path().join(name), 64);
+        assert_eq!(read("link.conf").unwrap().as_deref(), Some("x = 1\n"));
+        assert_eq!(read("absent.conf").unwrap(), None);
+        // A FIFO would block a reader that opened it plainly: refused at once.
+        nix::unistd::mkfifo(&t.path().join("fifo.conf"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let e = read("fifo.conf").unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        std::fs::write(&f, "y".repeat(65)).unwrap();
+        assert!(read("registries.conf")
+            .unwrap_err()
+            .to_string()
+            .contains("over the limit"));
+    }
 
     #[test]
     fn endpoints_mirrors_first_loopback_plain() {

@@ -35,6 +35,16 @@ pub fn sh(cmd: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `127.0.0.1:PORT` of a loopback port nothing listens on (bound, then closed): a registry or
+/// collector that is not there, or a free port for one the test starts.
+pub fn free_loopback_addr() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string()
+}
+
 /// Runs a command, ignoring failure.
 pub fn sh_ok(cmd: &str) -> (bool, String) {
     let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap();

@@ -22,12 +22,7 @@ impl Registry {
 
     pub fn start_with(dir: &Path, user: Option<(&str, &str)>, tls: bool) -> Registry {
         std::fs::create_dir_all(dir.join("data")).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = format!("127.0.0.1:{port}");
+        let addr = super::free_loopback_addr();
         let mut cfg = format!(
             "version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: false\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
             dir.join("data").display()
