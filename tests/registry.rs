@@ -565,24 +565,23 @@ fn pulls_follow_the_signature_policy_with_sigstore_signatures() {
     std::fs::write(env.base.join("ours.pub"), &ours.pem).unwrap();
     std::fs::write(env.base.join("theirs.pub"), &theirs.pem).unwrap();
     let key = env.base.join("ours.pub").display().to_string();
+    // Pushes `repo:1` signed by `by`, the signature claiming `claim` (after the registry).
+    let push_signed = |repo: &str, by: &SigningKey, claim: &str| {
+        let digest = push(repo);
+        push_signatures(
+            &reg,
+            repo,
+            &digest,
+            &[by.sign(&format!("{a}/{claim}"), &digest)],
+        );
+        digest
+    };
 
     // Signed by our key, claiming the repository (cosign's claim).
-    let signed = push("test/signed");
-    push_signatures(
-        &reg,
-        "test/signed",
-        &signed,
-        &[ours.sign(&format!("{a}/test/signed"), &signed)],
-    );
+    let signed = push_signed("test/signed", &ours, "test/signed");
     // Unsigned; signed by another key.
     push("test/unsigned");
-    let other = push("test/other-key");
-    push_signatures(
-        &reg,
-        "test/other-key",
-        &other,
-        &[theirs.sign(&format!("{a}/test/other-key"), &other)],
-    );
+    push_signed("test/other-key", &theirs, "test/other-key");
     // A manifest changed after signing (another digest): the original's signature copied to
     // it, and that signature's payload edited to name the new digest.
     let tampered = reg.push_image(
@@ -603,20 +602,8 @@ fn pulls_follow_the_signature_policy_with_sigstore_signatures() {
         &[(payload, sig.clone()), (edited.into_bytes(), sig)],
     );
     // Under the default identity (matchRepoDigestOrExact) a tag pull needs the tag claimed.
-    let exact = push("test/exact/tagged");
-    push_signatures(
-        &reg,
-        "test/exact/tagged",
-        &exact,
-        &[ours.sign(&format!("{a}/test/exact/tagged:1"), &exact)],
-    );
-    let bare = push("test/exact/untagged");
-    push_signatures(
-        &reg,
-        "test/exact/untagged",
-        &bare,
-        &[ours.sign(&format!("{a}/test/exact/untagged"), &bare)],
-    );
+    push_signed("test/exact/tagged", &ours, "test/exact/tagged:1");
+    push_signed("test/exact/untagged", &ours, "test/exact/untagged");
     push("test/open/app");
     push("test/closed/app");
 

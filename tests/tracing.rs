@@ -104,6 +104,14 @@ fn serve(rt: &tokio::runtime::Runtime, c: Collector) -> String {
     format!("http://{addr}")
 }
 
+/// A daemon of the test's config whose `tracing` table is `table` (inline TOML), and a client.
+fn daemon_tracing(env: &Env, table: &str) -> (Daemon, tokio::runtime::Runtime, Client) {
+    let d = Daemon::start_extra(env, &env.cfg, &format!("tracing = {table}\n"));
+    let rt = rt();
+    let c = rt.block_on(client(&d.socket));
+    (d, rt, c)
+}
+
 /// A request with W3C trace context metadata.
 fn traced<T>(msg: T, trace: &str, parent: &str) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
@@ -158,13 +166,10 @@ fn spans_reach_an_otlp_collector_with_ids_steps_and_the_callers_trace() {
         .unwrap()
         .import(&common::busybox::oci_layout(&env.base, IMAGE), None)
         .unwrap();
-    let mut d = Daemon::start_extra(
+    let (mut d, rt, mut c) = daemon_tracing(
         &env,
-        &env.cfg,
-        &format!("tracing = {{ endpoint = \"{endpoint}\", service_name = \"sandboxd-test\" }}\n"),
+        &format!("{{ endpoint = \"{endpoint}\", service_name = \"sandboxd-test\" }}"),
     );
-    let rt = rt();
-    let mut c = rt.block_on(client(&d.socket));
     let plugin = TestPlugin::connect(
         &env.cfg.nri.socket_path,
         Behavior {
@@ -332,13 +337,10 @@ fn the_sampling_ratio_picks_new_traces_and_a_callers_choice_is_kept() {
     let server_rt = tokio::runtime::Runtime::new().unwrap();
     let got = Collector::default();
     let endpoint = serve(&server_rt, got.clone());
-    let mut d = Daemon::start_extra(
+    let (mut d, rt, mut c) = daemon_tracing(
         &env,
-        &env.cfg,
-        &format!("tracing = {{ endpoint = \"{endpoint}\", sampling_ratio = 0.0 }}\n"),
+        &format!("{{ endpoint = \"{endpoint}\", sampling_ratio = 0.0 }}"),
     );
-    let rt = rt();
-    let mut c = rt.block_on(client(&d.socket));
     let trace = "0af7651916cd43dd8448eb211c80319c";
     for _ in 0..20 {
         rt.block_on(c.version(cri::VersionRequest::default()))
@@ -368,16 +370,10 @@ fn the_sampling_ratio_picks_new_traces_and_a_callers_choice_is_kept() {
 #[test]
 fn a_collector_that_is_not_there_holds_no_call() {
     let env = Env::new("otlp-absent");
-    let mut d = Daemon::start_extra(
+    let (mut d, rt, mut c) = daemon_tracing(
         &env,
-        &env.cfg,
-        &format!(
-            "tracing = {{ endpoint = \"http://{}\" }}\n",
-            free_loopback_addr()
-        ),
+        &format!("{{ endpoint = \"http://{}\" }}", free_loopback_addr()),
     );
-    let rt = rt();
-    let mut c = rt.block_on(client(&d.socket));
     let started = Instant::now();
     for _ in 0..200 {
         rt.block_on(c.version(cri::VersionRequest::default()))
