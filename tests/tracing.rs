@@ -145,13 +145,18 @@ fn names(spans: &[Span]) -> Vec<String> {
     spans.iter().map(|s| s.name.clone()).collect()
 }
 
-fn has(spans: &[&Span], name: &str, attrs: &[(&str, &str)]) -> bool {
-    spans.iter().any(|s| {
+/// Asserts that a span `name` with `attrs` is in `steps` (a request's tree, named `under`).
+fn assert_step(steps: &[&Span], under: &str, name: &str, attrs: &[(&str, &str)]) {
+    let found = steps.iter().any(|s| {
         s.name == name
             && attrs
                 .iter()
                 .all(|(k, v)| s.attrs.get(*k).map(String::as_str) == Some(*v))
-    })
+    });
+    assert!(
+        found,
+        "no {name} span with {attrs:?} below {under}: {steps:#?}"
+    );
 }
 
 #[test]
@@ -238,30 +243,16 @@ fn spans_reach_an_otlp_collector_with_ids_steps_and_the_callers_trace() {
     // The id the call made is the request's attribute.
     assert_eq!(run.attrs["sandbox_id"], sb);
     let steps = tree(&spans, run);
-    assert!(
-        has(&steps, "cri", &[("rpc", "RunPodSandbox")]),
-        "{steps:#?}"
-    );
-    assert!(
-        has(
-            &steps,
-            "cni",
-            &[
-                ("command", "ADD"),
-                ("plugin", "bridge"),
-                ("container_id", &sb)
-            ]
-        ),
-        "no CNI ADD of the bridge plugin below RunPodSandbox: {steps:#?}"
-    );
-    assert!(
-        has(
-            &steps,
-            "nri",
-            &[("plugin", "10-traced"), ("request", "RUN_POD_SANDBOX")]
-        ),
-        "no NRI request below RunPodSandbox: {steps:#?}"
-    );
+    let under = "RunPodSandbox";
+    assert_step(&steps, under, "cri", &[("rpc", "RunPodSandbox")]);
+    let add = [
+        ("command", "ADD"),
+        ("plugin", "bridge"),
+        ("container_id", &sb),
+    ];
+    assert_step(&steps, under, "cni", &add);
+    let nri = [("plugin", "10-traced"), ("request", "RUN_POD_SANDBOX")];
+    assert_step(&steps, under, "nri", &nri);
     assert!(steps.iter().all(|s| s.trace == trace));
 
     // A call without trace context starts its own trace; its steps carry the container's id.
@@ -276,34 +267,26 @@ fn spans_reach_an_otlp_collector_with_ids_steps_and_the_callers_trace() {
         (sb.as_str(), id.as_str())
     );
     let steps = tree(&spans, create);
-    assert!(
-        has(
-            &steps,
-            "nri",
-            &[("plugin", "10-traced"), ("request", "CreateContainer")]
-        ),
-        "{steps:#?}"
-    );
-    assert!(
-        has(
-            &steps,
-            "oci_runtime",
-            &[("op", "create"), ("container_id", &id)]
-        ),
-        "no runtime create of {id} below CreateContainer: {steps:#?}"
+    let under = "CreateContainer";
+    let nri = [("plugin", "10-traced"), ("request", "CreateContainer")];
+    assert_step(&steps, under, "nri", &nri);
+    assert_step(
+        &steps,
+        under,
+        "oci_runtime",
+        &[("op", "create"), ("container_id", &id)],
     );
     let start = request(&spans, "runtime.v1.RuntimeService/StartContainer");
-    assert!(has(
+    let run_start = [("op", "start"), ("container_id", id.as_str())];
+    assert_step(
         &tree(&spans, start),
+        "StartContainer",
         "oci_runtime",
-        &[("op", "start"), ("container_id", &id)]
-    ));
+        &run_start,
+    );
     let stop = request(&spans, "runtime.v1.RuntimeService/StopPodSandbox");
-    assert!(has(
-        &tree(&spans, stop),
-        "cni",
-        &[("command", "DEL"), ("plugin", "bridge")]
-    ));
+    let del = [("command", "DEL"), ("plugin", "bridge")];
+    assert_step(&tree(&spans, stop), "StopPodSandbox", "cni", &del);
 
     // A refused call: an error span with its gRPC code.
     let status = request(&spans, "runtime.v1.RuntimeService/ContainerStatus");
@@ -312,9 +295,11 @@ fn spans_reach_an_otlp_collector_with_ids_steps_and_the_callers_trace() {
 
     // The pull, a step of its request.
     let pull = request(&spans, "runtime.v1.ImageService/PullImage");
-    assert!(
-        has(&tree(&spans, pull), "pull", &[("image", &image)]),
-        "{spans:#?}"
+    assert_step(
+        &tree(&spans, pull),
+        "PullImage",
+        "pull",
+        &[("image", &image)],
     );
 
     // Every parent was exported (or is the caller's): no step is cut off from its call.
