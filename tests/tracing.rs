@@ -90,18 +90,21 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Serves the OTLP trace service on a free loopback port; returns its endpoint.
-fn serve(rt: &tokio::runtime::Runtime, c: Collector) -> String {
+/// Serves the OTLP trace service on a free loopback port: the runtime serving it (kept for
+/// the test's length), what it receives, and its endpoint.
+fn serve() -> (tokio::runtime::Runtime, Collector, String) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let c = Collector::default();
     let l = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
     let addr = l.local_addr().unwrap();
     rt.spawn(
         tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(c))
+            .add_service(TraceServiceServer::new(c.clone()))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
     );
-    format!("http://{addr}")
+    (rt, c, format!("http://{addr}"))
 }
 
 /// A daemon of the test's config whose `tracing` table is `table` (inline TOML), and a client.
@@ -162,9 +165,7 @@ fn assert_step(steps: &[&Span], under: &str, name: &str, attrs: &[(&str, &str)])
 #[test]
 fn spans_reach_an_otlp_collector_with_ids_steps_and_the_callers_trace() {
     let env = Env::new("otlp");
-    let server_rt = tokio::runtime::Runtime::new().unwrap();
-    let got = Collector::default();
-    let endpoint = serve(&server_rt, got.clone());
+    let (_server, got, endpoint) = serve();
     let reg = Registry::start(&env.base.join("registry"), None);
     reg.push_busybox("test/traced", "1", None);
     sandboxd::image::ImageStore::new(env.cfg.root.join("images"))
@@ -319,9 +320,7 @@ fn spans_reach_an_otlp_collector_with_ids_steps_and_the_callers_trace() {
 #[test]
 fn the_sampling_ratio_picks_new_traces_and_a_callers_choice_is_kept() {
     let env = Env::new("otlp-ratio");
-    let server_rt = tokio::runtime::Runtime::new().unwrap();
-    let got = Collector::default();
-    let endpoint = serve(&server_rt, got.clone());
+    let (_server, got, endpoint) = serve();
     let (mut d, rt, mut c) = daemon_tracing(
         &env,
         &format!("{{ endpoint = \"{endpoint}\", sampling_ratio = 0.0 }}"),
