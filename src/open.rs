@@ -181,7 +181,9 @@ impl Runtime {
         let stats_period = cfg.stats_collect_period;
         let (events_backlog, events_max) = (cfg.events_backlog, cfg.events_max_subscribers);
         let events_bytes = cfg.events_backlog_bytes;
-        let images = image::ImageStore::with_config(cfg.root.join("images"), cfg.images.clone())?;
+        let mut images =
+            image::ImageStore::with_config(cfg.root.join("images"), cfg.images.clone())?;
+        images.short_names = (&cfg.registry_files).into();
         // What an interrupted pull or import left behind: its process is gone (or, for names
         // from before the pid was in them, older than any running one).
         images.clean_tmp(std::time::Duration::from_secs(3600));

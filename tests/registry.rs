@@ -462,6 +462,113 @@ fn pull_configured_by_hosts_toml_registries_conf_and_auth_file() {
     env.assert_no_leaks();
 }
 
+/// Short names as CRI-O resolves them from registries.conf: an alias is the one place asked;
+/// else each unqualified-search registry in turn (a closed port, then two registries); the
+/// stored image is found again by the short name (status, a container, removal); an empty
+/// search list refuses short names.
+#[test]
+fn short_names_resolve_by_alias_then_search_registries() {
+    let env = Env::new("reg-short");
+    let a = Registry::start(&env.base.join("registry-a"), None);
+    let b = Registry::start(&env.base.join("registry-b"), None);
+    // Busybox with a label of its own name: three distinct images.
+    let push = |reg: &Registry, repo: &str, tag: &str| {
+        let (layer, config) = common::busybox::gzip_layer_and_config();
+        let mut c: serde_json::Value = serde_json::from_slice(&config).unwrap();
+        c["config"]["Labels"]["name"] = format!("{repo}:{tag}").into();
+        reg.push_image(repo, tag, None, &[layer], &serde_json::to_vec(&c).unwrap());
+    };
+    push(&a, "team/app", "1");
+    push(&b, "onlyb", "1");
+    push(&b, "real/busybox", "2");
+    let closed = free_loopback_addr();
+    let files = env.base.join("etc");
+    std::fs::create_dir_all(files.join("registries.conf.d")).unwrap();
+    std::fs::write(
+        files.join("registries.conf"),
+        format!(
+            "unqualified-search-registries = [\"{closed}\", \"{}\", \"{}\"]\nshort-name-mode = \"enforcing\"\n",
+            a.addr, b.addr
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        files.join("registries.conf.d/50-aliases.conf"),
+        format!("[aliases]\n\"alias\" = \"{}/real/busybox\"\n", b.addr),
+    )
+    .unwrap();
+    let mut cfg = env.cfg.clone();
+    cfg.registry_files.registries_conf = Some(files.join("registries.conf"));
+    cfg.registry_files.registries_conf_d = Some(files.join("registries.conf.d"));
+    cfg.registry_files.hosts_dirs = vec![];
+    cfg.registry_files.signature_policy = None;
+    let rt = sandboxd::Runtime::new(cfg).unwrap();
+    let none = Auth::default();
+    let asked = |reg: &Registry, repo: &str| {
+        std::fs::read_to_string(&reg.log)
+            .unwrap_or_default()
+            .contains(&format!("/v2/{repo}/manifests/"))
+    };
+
+    // The first search registry that has it (the closed port and A are asked before B).
+    let img = rt.pull_image("team/app:1", &none).unwrap();
+    assert_eq!(img.repo_tags, vec![format!("{}/team/app:1", a.addr)]);
+    let onlyb = rt.pull_image("onlyb:1", &none).unwrap();
+    assert_eq!(onlyb.repo_tags, vec![format!("{}/onlyb:1", b.addr)]);
+    assert!(asked(&a, "onlyb"), "A was not asked first");
+    // An alias is the only candidate: A is never asked for it.
+    let aliased = rt.pull_image("alias:2", &none).unwrap();
+    assert_eq!(
+        aliased.repo_tags,
+        vec![format!("{}/real/busybox:2", b.addr)]
+    );
+    assert!(!asked(&a, "alias") && !asked(&b, "alias"));
+    // Found again by the short name, as kubelet's ImageStatus and CreateContainer ask.
+    assert_eq!(rt.images().get("team/app:1").unwrap().id, img.id);
+    assert_eq!(rt.images().get("onlyb:1").unwrap().id, onlyb.id);
+    assert_eq!(rt.images().get("alias:2").unwrap().id, aliased.id);
+    assert!(rt.images().get("team/app:2").is_none());
+    assert!(rt.images().get("busybox").is_none());
+    let sb = rt.run_pod_sandbox(&env.pod("short", false)).unwrap();
+    let c = ContainerConfig {
+        metadata: sandboxd::ContainerMetadata {
+            name: "short".into(),
+            attempt: 0,
+        },
+        image: "alias:2".into(),
+        command: vec!["true".into()],
+        ..Default::default()
+    };
+    let id = rt.create_container(&sb, &c).unwrap();
+    assert_eq!(rt.container_status(&id).unwrap().image_id, aliased.id);
+    rt.remove_pod_sandbox(&sb).unwrap();
+    // Nowhere: the registry's NotFound, the message naming every candidate.
+    let e = rt.pull_image("nowhere:1", &none).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, sandboxd::Error::NotFound { .. }), "{e}");
+    for reg in [&closed, &a.addr, &b.addr] {
+        assert!(msg.contains(&format!("{reg}/nowhere:1")), "{msg}");
+    }
+    // Removal by the short name.
+    rt.remove_image("team/app:1").unwrap();
+    assert!(rt.images().get(&format!("{}/team/app:1", a.addr)).is_none());
+    // An empty search list (a later drop-in's) refuses short names; aliases still resolve.
+    std::fs::write(
+        files.join("registries.conf.d/60-strict.conf"),
+        "unqualified-search-registries = []\n",
+    )
+    .unwrap();
+    let e = rt.pull_image("onlyb:1", &none).unwrap_err();
+    assert!(
+        matches!(e, sandboxd::Error::InvalidArgument(_))
+            && e.to_string().contains("60-strict.conf"),
+        "{e}"
+    );
+    assert!(rt.images().get("onlyb:1").is_none());
+    assert_eq!(rt.images().get("alias:2").unwrap().id, aliased.id);
+    env.assert_no_leaks();
+}
+
 /// A P-256 key pair (ring) and its public key as the PEM `cosign generate-key-pair` writes.
 struct SigningKey {
     pair: ring::signature::EcdsaKeyPair,

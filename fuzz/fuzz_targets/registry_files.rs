@@ -1,6 +1,7 @@
 //! The registry files operators keep for the peers (containerd's hosts.toml, CRI-O's
 //! registries.conf and a drop-in, a docker config.json), split from one input at 0xff bytes,
-//! resolved for a few references: an error or a plan, never a panic; every endpoint a URL.
+//! resolved for a few references (short names by the aliases and search registries): an
+//! error or a plan, never a panic; every endpoint a URL.
 #![no_main]
 use std::collections::BTreeMap;
 
@@ -37,6 +38,7 @@ fuzz_target!(|data: &[u8]| {
         "example.com/app:1",
         "example.org/team/app",
         "busybox",
+        "team/app:1",
         digest.as_str(),
         "127.0.0.1:5000/x",
     ] {

@@ -42,10 +42,7 @@ impl ImageService for CriService {
         let (img, pulling) = self
             .blocking("ImageStatus", &name, move |rt| {
                 // A pull in flight shows its per-layer progress (what `sandboxctl pull` draws).
-                let pulling = verbose
-                    .then(|| crate::image::reference::Reference::parse(&n).ok())
-                    .flatten()
-                    .and_then(|r| rt.images().pulls.get(&r.full()));
+                let pulling = verbose.then(|| rt.images().pulling(&n)).flatten();
                 Ok((rt.images().get(&n), pulling))
             })
             .await?;

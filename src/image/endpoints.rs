@@ -222,7 +222,7 @@ pub(super) fn endpoints(
     Ok(out)
 }
 
-/// Where a pull of `image` would go, in order (`scheme://host[:port]<root>/<repo>`), and
+/// Where a pull of `image` (each of a short name's candidates) would go, in order (`scheme://host[:port]<root>/<repo>`), and
 /// whether each endpoint would get credentials: what the configuration and the files say,
 /// with no network (the fuzz target's entry, `fuzz/fuzz_targets/registry_files.rs`).
 #[doc(hidden)]
@@ -232,14 +232,14 @@ pub fn plan(
     files: &RegistryFilesConfig,
     auth: &Auth,
 ) -> Result<Vec<(String, bool)>, Error> {
-    let r = Reference::parse(image)?;
-    endpoints(&r, registries, files)?
-        .into_iter()
-        .map(|ep| {
+    let mut out = Vec::new();
+    for r in super::short_names::candidates(image, &files.into())? {
+        for ep in endpoints(&r, registries, files)? {
             let c = creds(auth, files, &ep, &r)?;
-            Ok((format!("{}/{}", ep.url(), ep.repo), c.is_some()))
-        })
-        .collect()
+            out.push((format!("{}/{}", ep.url(), ep.repo), c.is_some()));
+        }
+    }
+    Ok(out)
 }
 
 /// The credentials for endpoint `ep` of a pull of `r`: the request's, if it carries any

@@ -4,6 +4,7 @@
 //! peers read: `hosts_toml.rs`, `registries_conf.rs`, `auth_file.rs`) through a bounded registry client
 //! (`registry.rs`), large layers by parallel range requests (`ranged.rs`), one fetch per
 //! layer across concurrent pulls (`in_flight.rs`), with their progress (`progress.rs`);
+//! short names resolved as CRI-O does (`short_names.rs`);
 //! OCI artifacts that are no runnable image (`artifact.rs`).
 
 #[doc(hidden)]
@@ -26,6 +27,8 @@ pub mod reference;
 mod registries_conf;
 #[doc(hidden)]
 pub mod registry;
+#[doc(hidden)]
+pub mod short_names;
 #[doc(hidden)]
 pub mod store;
 #[doc(hidden)]

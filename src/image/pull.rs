@@ -44,7 +44,8 @@ fn to_error(image: &str, e: RegistryError) -> Error {
     }
 }
 
-/// Pulls `image` into `store`, tagging it with the normalized reference. A pull that makes no
+/// Pulls `image` into `store`, tagging it with the normalized reference: a short name's
+/// candidates (`short_names.rs`) in turn, until one is pulled. A pull that makes no
 /// progress for `progress_timeout` (zero: no limit) is cancelled: the transfers are dropped,
 /// the unpackers see their input end and clean up, and the error says why.
 pub async fn pull(
@@ -55,14 +56,62 @@ pub async fn pull(
     files: &RegistryFilesConfig,
     progress_timeout: Duration,
 ) -> Result<(ImageRecord, u64)> {
-    let r = Reference::parse(image)?;
-    let eps = endpoints(&r, registries, files)?;
+    let candidates = super::short_names::candidates(image, &files.into())?;
+    if candidates.len() == 1 {
+        let r = &candidates[0];
+        return pull_reference(store, r, image, auth, registries, files, progress_timeout).await;
+    }
+    let mut last = None;
+    let mut tried = Vec::new();
+    for r in &candidates {
+        let name = r.full();
+        match pull_reference(store, r, &name, auth, registries, files, progress_timeout).await {
+            Ok(done) => {
+                tracing::info!(image, resolved = %name, "short name pulled from a search registry");
+                return Ok(done);
+            }
+            Err(e) => {
+                tracing::warn!(image, candidate = %name, error = %e, "short name: candidate failed");
+                tried.push(format!("{name}: {e}"));
+                last = Some(e);
+            }
+        }
+    }
+    Err(combined(image, last, &tried))
+}
+
+/// The error of trying several places in turn: the last one's code (the registry's own
+/// answer, which reaches kubelet), a message listing every try.
+fn combined(image: &str, last: Option<Error>, tried: &[String]) -> Error {
+    let all = tried.join("; ");
+    match last {
+        Some(Error::NotFound { kind, .. }) => Error::NotFound {
+            kind,
+            id: format!("{image}: {all}"),
+        },
+        Some(Error::Unauthenticated(_)) => Error::Unauthenticated(all),
+        Some(Error::PermissionDenied(_)) => Error::PermissionDenied(all),
+        _ => Error::step("pull image", image, HostError::Other(all)),
+    }
+}
+
+/// Pulls reference `r` (`image` names it in errors) from its endpoints.
+async fn pull_reference(
+    store: &ImageStore,
+    r: &Reference,
+    image: &str,
+    auth: &Auth,
+    registries: &BTreeMap<String, RegistryConfig>,
+    files: &RegistryFilesConfig,
+    progress_timeout: Duration,
+) -> Result<(ImageRecord, u64)> {
+    let eps = endpoints(r, registries, files)?;
     let started = Instant::now();
     let tracked = store.pulls.begin(&r.full());
     let work = pull_endpoints(
         store,
         &tracked.progress,
-        &r,
+        r,
         image,
         auth,
         files,
@@ -153,15 +202,7 @@ async fn pull_endpoints(
         }
     }
     // The registry's own answer decides the code; the message lists every endpoint.
-    Err(match last {
-        Some(Error::NotFound { kind, .. }) => Error::NotFound {
-            kind,
-            id: format!("{image}: {}", tried.join("; ")),
-        },
-        Some(Error::Unauthenticated(_)) => Error::Unauthenticated(tried.join("; ")),
-        Some(Error::PermissionDenied(_)) => Error::PermissionDenied(tried.join("; ")),
-        _ => Error::step("pull image", image, HostError::Other(tried.join("; "))),
-    })
+    Err(combined(image, last, &tried))
 }
 
 /// A pull from one endpoint failed: the endpoint (try the next) or this image/our store (stop).

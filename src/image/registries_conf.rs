@@ -5,10 +5,11 @@
 //! decides: `blocked` refuses the pull, its `[[registry.mirror]]`s are tried first (per
 //! `pull-from-mirror`: `all`, `digest-only`, `tag-only`; `mirror-by-digest-only` of the
 //! registry), then its `location` — the prefix replaced by it, so a repository can move.
-//! `insecure` allows plain HTTP and an unverified certificate. Short-name settings
-//! (`unqualified-search-registries`, `[aliases]`) are not served: a short name means
-//! `docker.io/library/…`, as with containerd (README, "Registries").
+//! `insecure` allows plain HTTP and an unverified certificate. The short-name settings
+//! (`unqualified-search-registries`, `[aliases]`, `short-name-mode`) are read here too and
+//! served by `short_names.rs`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -21,11 +22,18 @@ use crate::error::Error;
 const MAX_FILE: u64 = 1 << 20;
 const MAX_DROP_INS: usize = 256;
 const MAX_REGISTRIES: usize = 4096;
+/// Most `unqualified-search-registries`, most `[aliases]` in all files together.
+const MAX_SEARCH: usize = 64;
+const MAX_ALIASES: usize = 4096;
 
 #[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 struct File {
     #[serde(default)]
     registry: Vec<Registry>,
+    unqualified_search_registries: Option<Vec<String>>,
+    short_name_mode: Option<String>,
+    aliases: Option<BTreeMap<String, String>>,
     /// The v1 format's tables (`[registries.search]`, `.insecure`, `.block`).
     registries: Option<toml::Value>,
 }
@@ -66,9 +74,42 @@ impl Registry {
     }
 }
 
+/// The short-name settings of all files: the last file that sets
+/// `unqualified-search-registries` decides them (with the file's name, for messages); an
+/// alias of a later file replaces an earlier one's, an empty one removes it.
+#[derive(Debug, Default)]
+pub(super) struct ShortNameConf {
+    pub search: Option<(Vec<String>, PathBuf)>,
+    /// short name → (fully qualified repository, the file that said it)
+    pub aliases: BTreeMap<String, (String, PathBuf)>,
+}
+
+/// What the files say.
+#[derive(Debug, Default)]
+struct Loaded {
+    registries: Vec<Registry>,
+    short: ShortNameConf,
+}
+
+/// The short-name settings of `file` and `drop_ins` (`short_names.rs`).
+pub(super) fn short_names(
+    file: Option<&Path>,
+    drop_ins: Option<&Path>,
+) -> Result<ShortNameConf, Error> {
+    Ok(load(file, drop_ins)?.short)
+}
+
+/// `host[:port]`, as a search registry is written.
+fn is_host(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 255
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
+}
+
 /// Every `[[registry]]` of `file` and of `drop_ins`' `*.conf`, later prefixes replacing
-/// earlier ones. Files that do not exist are skipped.
-fn load(file: Option<&Path>, drop_ins: Option<&Path>) -> Result<Vec<Registry>, Error> {
+/// earlier ones, and the short-name settings. Files that do not exist are skipped.
+fn load(file: Option<&Path>, drop_ins: Option<&Path>) -> Result<Loaded, Error> {
     let mut files: Vec<PathBuf> = file.map(Path::to_path_buf).into_iter().collect();
     if let Some(d) = drop_ins {
         match std::fs::read_dir(d) {
@@ -93,6 +134,7 @@ fn load(file: Option<&Path>, drop_ins: Option<&Path>) -> Result<Vec<Registry>, E
         }
     }
     let mut out: Vec<Registry> = Vec::new();
+    let mut short = ShortNameConf::default();
     for f in files {
         let Some(text) = read_config_file(&f, MAX_FILE)? else {
             continue;
@@ -103,6 +145,41 @@ fn load(file: Option<&Path>, drop_ins: Option<&Path>) -> Result<Vec<Registry>, E
             return Err(bad(
                 "the version 1 format ([registries.search], .insecure, .block) is not read; write [[registry]] tables".into(),
             ));
+        }
+        if let Some(mode) = &parsed.short_name_mode {
+            // Read and checked; a daemon cannot prompt, so every mode resolves as CRI-O's
+            // (which sets `disabled`): the alias, else each search registry in turn.
+            if !["enforcing", "permissive", "disabled"].contains(&mode.as_str()) {
+                return Err(bad(format!(
+                    "short-name-mode {mode:?} is none of enforcing, permissive, disabled"
+                )));
+            }
+        }
+        if let Some(search) = parsed.unqualified_search_registries {
+            if search.len() > MAX_SEARCH {
+                return Err(bad(format!(
+                    "more than {MAX_SEARCH} unqualified-search-registries"
+                )));
+            }
+            if let Some(h) = search.iter().find(|h| !is_host(h)) {
+                return Err(bad(format!(
+                    "unqualified-search-registries: {h:?} is not host[:port]"
+                )));
+            }
+            short.search = Some((search, f.clone()));
+        }
+        for (name, target) in parsed.aliases.unwrap_or_default() {
+            if let Err(why) = super::short_names::check_alias(&name, &target) {
+                return Err(bad(format!("[aliases] {name:?} = {target:?}: {why}")));
+            }
+            if target.is_empty() {
+                short.aliases.remove(&name);
+            } else {
+                short.aliases.insert(name, (target, f.clone()));
+            }
+            if short.aliases.len() > MAX_ALIASES {
+                return Err(bad(format!("more than {MAX_ALIASES} [aliases]")));
+            }
         }
         for mut r in parsed.registry {
             r.source = f.clone();
@@ -124,7 +201,10 @@ fn load(file: Option<&Path>, drop_ins: Option<&Path>) -> Result<Vec<Registry>, E
             }
         }
     }
-    Ok(out)
+    Ok(Loaded {
+        registries: out,
+        short,
+    })
 }
 
 /// How many bytes of `name` (`domain/path`) `prefix` matches, if it does: at a boundary
@@ -146,7 +226,7 @@ pub(super) fn endpoints(
     drop_ins: Option<&Path>,
     r: &Reference,
 ) -> Result<Option<Vec<Endpoint>>, Error> {
-    let regs = load(file, drop_ins)?;
+    let regs = load(file, drop_ins)?.registries;
     let name = format!("{}/{}", r.domain, r.path);
     let Some((reg, len)) = regs
         .iter()

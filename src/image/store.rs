@@ -99,6 +99,8 @@ pub struct ImageStore {
     pub in_flight: super::in_flight::InFlight,
     /// The budget of layer parts fetched ahead (`range_buffer_bytes`), over all pulls.
     pub range_budget: Arc<tokio::sync::Semaphore>,
+    /// Where short names are resolved from (none: `docker.io`).
+    pub short_names: super::short_names::ShortNameFiles,
 }
 
 /// Keeps digests pinned until dropped.
@@ -244,6 +246,7 @@ impl ImageStore {
             pulls: Arc::default(),
             in_flight: Default::default(),
             range_budget: Arc::new(tokio::sync::Semaphore::new(permits)),
+            short_names: Default::default(),
         };
         store.drop_shared_artifacts()?;
         Ok(store)
@@ -501,7 +504,8 @@ impl ImageStore {
         self.index().images.into_values().collect()
     }
 
-    /// Finds an image by id, id prefix (≥ 12 hex), repo tag or repo digest.
+    /// Finds an image by id, id prefix (≥ 12 hex), repo tag or repo digest; a short name
+    /// by the first of its candidates stored (`short_names.rs`), as CRI-O looks it up.
     pub fn get(&self, name: &str) -> Option<ImageRecord> {
         let images = self.index().images;
         let id = name.strip_prefix("sha256:").unwrap_or(name);
@@ -514,10 +518,34 @@ impl ImageStore {
                 return Some(hits[0].clone());
             }
         }
-        let full = Reference::parse(name).ok()?.full();
-        images
-            .into_values()
-            .find(|i| i.repo_tags.contains(&full) || i.repo_digests.contains(&full))
+        if name.starts_with("sha256:") {
+            return None;
+        }
+        let candidates = self.candidates(name)?;
+        candidates.iter().find_map(|r| {
+            let full = r.full();
+            images
+                .values()
+                .find(|i| i.repo_tags.contains(&full) || i.repo_digests.contains(&full))
+                .cloned()
+        })
+    }
+
+    /// What `name` may mean (none if it cannot be parsed or the registry files are unusable:
+    /// then nothing is found, and the pull kubelet tries next says why).
+    fn candidates(&self, name: &str) -> Option<Vec<Reference>> {
+        super::short_names::candidates(name, &self.short_names)
+            .map_err(
+                |e| tracing::debug!(image = name, error = %e, "image name resolves to nothing"),
+            )
+            .ok()
+    }
+
+    /// The pull of `name` in flight (its first candidate being pulled), if any.
+    pub fn pulling(&self, name: &str) -> Option<super::progress::Snapshot> {
+        self.candidates(name)?
+            .iter()
+            .find_map(|r| self.pulls.get(&r.full()))
     }
 
     /// Removes an image (by any name [`get`](Self::get) accepts) with all its tags, then

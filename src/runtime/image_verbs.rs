@@ -31,11 +31,12 @@ impl Runtime {
         caller: image::PullCaller,
     ) -> Result<image::ImageRecord> {
         // Only requests for the same image with the same credentials share a download.
-        let key = format!(
-            "{} {}",
-            image::reference::Reference::parse(image)?.full(),
-            auth.share_key()
-        );
+        // (A short name by what it resolves to: `busybox` and `docker.io/busybox` share.)
+        let names: Vec<String> = image::short_names::candidates(image, &self.images.short_names)?
+            .iter()
+            .map(|r| r.full())
+            .collect();
+        let key = format!("{} {}", names.join(","), auth.share_key());
         let cell = {
             let mut pulls = lock(&self.pulls);
             let cell = pulls
