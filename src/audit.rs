@@ -182,11 +182,13 @@ fn age(p: &Path) -> Option<Duration> {
     Some(m.elapsed().unwrap_or_default())
 }
 
+/// A candidate: its age is read once it is known to be an orphan (`find`), not for each of
+/// the thousands of owned objects listed with it.
 fn orphan(kind: Kind, owner: &str, path: PathBuf) -> Orphan {
     Orphan {
         kind,
         owner: owner.to_string(),
-        age: age(&path),
+        age: None,
         path,
         fixed: None,
     }
@@ -299,6 +301,15 @@ fn find(rt: &Runtime, kind: Kind) -> Vec<Orphan> {
     };
     let owners = Owners::read(rt);
     let mut orphans: Vec<Orphan> = listed.into_iter().filter(|o| !owners.owns(o)).collect();
+    if kind == Kind::Cgroup {
+        orphans = orphans
+            .into_iter()
+            .filter_map(|o| cgroup_dir(rt, o))
+            .collect();
+    }
+    for o in &mut orphans {
+        o.age = age(&o.path);
+    }
     if kind == Kind::RuntimeContainer {
         orphans.retain(|o| runtime_container_is_ours(rt, o));
     }
@@ -370,20 +381,29 @@ fn runtime_container_is_ours(rt: &Runtime, o: &Orphan) -> bool {
 
 /// The pod cgroups this daemon made itself (pods whose config names no parent), as written
 /// down under its state root (`cgroups::owned`), one entry per pod: never a cgroup merely
-/// found under the parent, which another daemon may share. The path shown is the cgroup's
-/// dir in the first hierarchy that has it (the note's, once the cgroup is gone).
+/// found under the parent, which another daemon may share. Each is listed at its note;
+/// `cgroup_dir` reads the note, and finds the cgroup's dir, only for those that turn out to
+/// be orphans.
 fn pod_cgroups(rt: &Runtime) -> Vec<Orphan> {
-    crate::cgroups::owned::list(&rt.cfg.root)
+    crate::cgroups::owned::noted(&rt.cfg.root)
         .into_iter()
-        .map(|(id, cgroup, note)| {
-            let fs = crate::cgroups::systemd::fs_path(&cgroup).into_owned();
-            let at = crate::cgroups::hierarchies()
-                .iter()
-                .map(|h| h.mount_point.join(fs.trim_start_matches('/')))
-                .find(|d| d.is_dir());
-            orphan(Kind::Cgroup, &id, at.unwrap_or(note))
-        })
+        .map(|(id, note)| orphan(Kind::Cgroup, &id, note))
         .collect()
+}
+
+/// An orphan pod's cgroup dir (the first hierarchy holding it; its note where none does);
+/// `None` for a note that names no plausible cgroup of the pod.
+fn cgroup_dir(rt: &Runtime, o: Orphan) -> Option<Orphan> {
+    let cgroup = crate::cgroups::owned::of(&rt.cfg.root, &o.owner)?;
+    let fs = crate::cgroups::systemd::fs_path(&cgroup).into_owned();
+    let at = crate::cgroups::hierarchies()
+        .iter()
+        .map(|h| h.mount_point.join(fs.trim_start_matches('/')))
+        .find(|d| d.is_dir());
+    Some(Orphan {
+        path: at.unwrap_or(o.path),
+        ..o
+    })
 }
 
 fn remove(rt: &Runtime, o: &Orphan) -> std::result::Result<(), String> {

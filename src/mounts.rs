@@ -201,34 +201,49 @@ pub fn unmount_all(path: &Path) -> Result<(), HostError> {
 /// Makes `dir` a mount point with shared propagation, as `ip netns` does for `/var/run/netns`,
 /// so namespace bind mounts made under it propagate into mount namespaces created later.
 pub fn make_shared_dir(dir: &Path) -> Result<(), HostError> {
-    std::fs::create_dir_all(dir).map_err(|e| HostError::io("create dir", dir, e))?;
-    // mountinfo names the real path (`/var/run/netns` is `/run/netns` on most hosts): compare
-    // with that, or every call would bind the dir onto itself again, and with shared
-    // propagation each bind doubles the mounts there.
-    let real = std::fs::canonicalize(dir).map_err(|e| HostError::io("resolve", dir, e))?;
-    let dir = real.as_path();
-    if let Some(m) = mounted_at(dir)? {
-        if m.optional.iter().any(|o| o.starts_with("shared:")) {
-            return Ok(());
+    make_shared_dirs(&[dir.to_path_buf()])
+}
+
+/// [`make_shared_dir`] for each of `dirs`, the mount table read once for all of them (at a
+/// thousand pods it is thousands of lines, ~80 ms to read here).
+pub fn make_shared_dirs(dirs: &[PathBuf]) -> Result<(), HostError> {
+    let mut real = Vec::new();
+    for dir in dirs {
+        std::fs::create_dir_all(dir).map_err(|e| HostError::io("create dir", dir, e))?;
+        // mountinfo names the real path (`/var/run/netns` is `/run/netns` on most hosts):
+        // compare with that, or every call would bind the dir onto itself again, and with
+        // shared propagation each bind doubles the mounts there.
+        let r = std::fs::canonicalize(dir).map_err(|e| HostError::io("resolve", dir, e))?;
+        // (Dirs named twice are bound once: the table is not read again in between.)
+        if !real.contains(&r) {
+            real.push(r);
         }
-    } else {
+    }
+    let table = mountinfo()?;
+    for dir in &real {
+        let dir = dir.as_path();
+        match table.iter().rev().find(|m| m.mount_point == dir) {
+            Some(m) if m.optional.iter().any(|o| o.starts_with("shared:")) => continue,
+            Some(_) => {}
+            None => mount(
+                Some(dir),
+                dir,
+                None::<&str>,
+                MsFlags::MS_BIND | MsFlags::MS_REC,
+                None::<&str>,
+            )
+            .map_err(|e| HostError::sys("bind-mount onto itself", dir, e))?,
+        }
         mount(
-            Some(dir),
+            None::<&str>,
             dir,
             None::<&str>,
-            MsFlags::MS_BIND | MsFlags::MS_REC,
+            MsFlags::MS_SHARED | MsFlags::MS_REC,
             None::<&str>,
         )
-        .map_err(|e| HostError::sys("bind-mount onto itself", dir, e))?;
+        .map_err(|e| HostError::sys("make shared", dir, e))?;
     }
-    mount(
-        None::<&str>,
-        dir,
-        None::<&str>,
-        MsFlags::MS_SHARED | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(|e| HostError::sys("make shared", dir, e))
+    Ok(())
 }
 
 /// Is `path` the root of a mount (a mount point), whatever the filesystem (bind mounts of

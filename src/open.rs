@@ -28,18 +28,35 @@ impl Runtime {
 
     /// [`Runtime::new`] with the pod lifecycle's host operations going to `host`.
     pub(crate) fn with_host(cfg: Config, host: Arc<dyn Host>) -> Result<Self> {
+        let t = std::time::Instant::now();
+        let lap = || t.elapsed().as_millis() as u64;
         let rt = Self::open(cfg, host)?;
+        let opened = lap();
         // Containers first: a sandbox rolled back on restore removes its containers, and
         // the collection of unreferenced runtime containers must know every container.
         container::restore::load(&rt)?;
+        let loaded = lap();
         sandbox::restore::restore(&rt)?;
+        let restored = lap();
         crate::audit::sweep_at_start(&rt);
+        let swept = lap();
         container::restore::reconcile(&rt);
+        let reconciled = lap();
         // Blobs and layers nothing references (left by older versions, or by a crash between
         // an image's removal and its collection).
         if let Err(e) = rt.images.collect(&rt.layers_in_use()) {
             tracing::warn!(error = %e, "cannot collect unused image content");
         }
+        let collected = lap();
+        tracing::info!(
+            opened,
+            loaded,
+            restored,
+            swept,
+            reconciled,
+            collected,
+            "state restored (ms since the start, after each step)"
+        );
         rt.events.restored();
         Ok(rt)
     }
@@ -89,9 +106,8 @@ impl Runtime {
         for d in ["sandboxes", "containers"] {
             state::files::spread_subdirs(&cfg.root.join(d));
         }
-        for d in cfg.namespace_dirs() {
-            host.make_shared_dir(d)?;
-        }
+        let ns_dirs: Vec<PathBuf> = cfg.namespace_dirs().into_iter().cloned().collect();
+        host.make_shared_dirs(&ns_dirs)?;
         let cgroup_driver = cgroups::Driver::resolve(cfg.cgroup_driver).map_err(Error::Config)?;
         let cdi = cdi::Registry::new(cfg.cdi_spec_dirs.clone());
         let nri = nri::Nri::new(&cfg.nri)?;

@@ -41,16 +41,16 @@ pub(crate) fn of(root: &Path, id: &str) -> Option<String> {
     plausible.then_some(cg)
 }
 
-/// Every pod cgroup written down: (pod id, cgroup, the note's path).
-pub(crate) fn list(root: &Path) -> Vec<(String, String, PathBuf)> {
+/// Every pod with a note: (pod id, the note's path), the notes not read yet (the audit reads
+/// only those of pods without a record).
+pub(crate) fn noted(root: &Path) -> Vec<(String, PathBuf)> {
     let d = dir(root);
     crate::state::list_dir(&d)
         .into_iter()
         .filter(|n| crate::validate::full_id(n).is_ok())
-        .filter_map(|id| {
-            let cg = of(root, &id)?;
+        .map(|id| {
             let p = d.join(&id);
-            Some((id, cg, p))
+            (id, p)
         })
         .collect()
 }

@@ -87,7 +87,8 @@ pub(crate) fn reconcile(rt: &Runtime) {
             }
             continue;
         }
-        let rec = super::status::refresh(rt, &entry);
+        // (The exit file is read once, below, after the watch is set: an exit it shows is
+        // folded in there.)
         // What the runtime says, asked only for records whose step may have been in flight
         // (a crash between `runtime start` and the record saying so) or whose monitor is gone.
         let runtime_status = || {

@@ -236,9 +236,12 @@ fn show(p: Option<&Path>) -> String {
 }
 
 impl Host for FakeHost {
-    fn make_shared_dir(&self, dir: &Path) -> Result<(), HostError> {
-        self.host_result(Op::MakeSharedDir, dir.display().to_string())?;
-        std::fs::create_dir_all(dir).map_err(|e| HostError::io("create dir", dir, e))
+    fn make_shared_dirs(&self, dirs: &[PathBuf]) -> Result<(), HostError> {
+        for dir in dirs {
+            self.host_result(Op::MakeSharedDir, dir.display().to_string())?;
+            std::fs::create_dir_all(dir).map_err(|e| HostError::io("create dir", dir, e))?;
+        }
+        Ok(())
     }
 
     /// Logged once, with the namespace files it was asked for; a failure shows at `wait`,

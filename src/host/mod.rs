@@ -34,8 +34,8 @@ use crate::sysctl::Ns;
 /// The host operations the pod lifecycle orders. One method per operation, named by what it
 /// does to the host; the arguments are those of the function [`RealHost`] calls.
 pub(crate) trait Host: Send + Sync {
-    /// Makes a namespace dir a shared mount point (`mounts::make_shared_dir`).
-    fn make_shared_dir(&self, dir: &Path) -> Result<(), HostError>;
+    /// Makes each namespace dir a shared mount point (`mounts::make_shared_dirs`).
+    fn make_shared_dirs(&self, dirs: &[PathBuf]) -> Result<(), HostError>;
 
     /// Starts pinning a pod's namespaces, the user-namespace path included
     /// (`netns::pin_in_background`).
@@ -177,8 +177,8 @@ pub(crate) trait Host: Send + Sync {
 pub(crate) struct RealHost;
 
 impl Host for RealHost {
-    fn make_shared_dir(&self, dir: &Path) -> Result<(), HostError> {
-        timed(Step::Namespaces, || crate::mounts::make_shared_dir(dir))
+    fn make_shared_dirs(&self, dirs: &[PathBuf]) -> Result<(), HostError> {
+        timed(Step::Namespaces, || crate::mounts::make_shared_dirs(dirs))
     }
 
     fn pin_namespaces(&self, req: &PinRequest) -> Result<Pinning, HostError> {
