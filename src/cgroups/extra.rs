@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{controller_dir, hierarchies, join, key_value};
+use super::{controller_dir, key_value};
 
 /// Most devices, page sizes or processes one reader looks at.
 const MAX_ENTRIES: usize = 256;
@@ -168,23 +168,7 @@ pub struct Pressure {
     pub full_avg: [f64; 3],
 }
 
-/// The cgroup's dir in the v2 hierarchy, where it has one — on a hybrid host too, where the
-/// unified hierarchy keeps pressure for every cgroup even without controllers.
-pub fn unified_dir(cgroup: &str) -> Option<PathBuf> {
-    hierarchies()
-        .iter()
-        .filter(|h| h.controllers.is_none())
-        .map(|h| join(&h.mount_point, cgroup))
-        .find(|d| d.join("cgroup.procs").exists())
-}
-
-/// `<resource>.pressure` (PSI) in the cgroup's v2 `dir`; `None` where the kernel keeps none.
-pub fn pressure(dir: &Path, resource: &str) -> Option<Pressure> {
-    let t = std::fs::read_to_string(dir.join(format!("{resource}.pressure"))).ok()?;
-    parse_pressure(&t)
-}
-
-fn parse_pressure(t: &str) -> Option<Pressure> {
+pub(super) fn parse_pressure(t: &str) -> Option<Pressure> {
     let mut p = Pressure::default();
     let mut some = false;
     for l in t.lines().take(4) {

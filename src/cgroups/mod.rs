@@ -266,50 +266,133 @@ pub struct Psi {
     pub io: Option<Pressure>,
 }
 
+/// A cgroup directory opened once (`O_PATH`): its files are then opened relative to it, one
+/// path component each, rather than by walking the whole cgroup path for every file (at
+/// 1,000 containers, those walks were most of ListContainerStats' time).
+struct CgDir(std::os::fd::OwnedFd);
+
+impl CgDir {
+    fn open(path: &Path) -> Option<CgDir> {
+        use nix::fcntl::OFlag;
+        nix::fcntl::open(
+            path,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .ok()
+        .map(CgDir)
+    }
+
+    /// The text of file `name` (at most 64 KiB: cgroup files are short), read into a page
+    /// without the size probes (`fstat`, `lseek`, a 32-byte first read) of
+    /// `std::fs::read_to_string`, for which kernfs has no useful answer, and without a read
+    /// for the end after a short one.
+    fn read(&self, name: &str) -> Option<String> {
+        use nix::fcntl::OFlag;
+        use std::io::Read;
+        let fd = nix::fcntl::openat(
+            &self.0,
+            name,
+            OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+            nix::sys::stat::Mode::empty(),
+        )
+        .ok()?;
+        let mut f = std::fs::File::from(fd);
+        let mut buf = vec![0u8; 4096];
+        let mut n = 0;
+        loop {
+            if n == buf.len() {
+                if n >= 64 << 10 {
+                    break;
+                }
+                buf.resize(n * 2, 0);
+            }
+            match f.read(&mut buf[n..]) {
+                Ok(0) => break,
+                // The files read here (usage, memory.stat, cpu.stat, PSI) are one seq_file
+                // record each, generated whole at the first read: a read that did not fill
+                // the buffer has it all, no read to see the end. (A list such as
+                // cgroup.procs is not read this way.)
+                Ok(k) if n + k < buf.len() => {
+                    n += k;
+                    break;
+                }
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return None,
+            }
+        }
+        buf.truncate(n);
+        String::from_utf8(buf).ok()
+    }
+
+    fn number(&self, name: &str) -> Option<u64> {
+        self.read(name).and_then(|s| s.trim().parse().ok())
+    }
+}
+
 impl Psi {
-    fn of(cgroup: &str) -> Psi {
-        let Some(dir) = extra::unified_dir(cgroup) else {
-            return Psi::default();
+    fn read(dir: &CgDir) -> Psi {
+        let p = |r: &str| {
+            dir.read(&format!("{r}.pressure"))
+                .and_then(|t| extra::parse_pressure(&t))
         };
         Psi {
-            cpu: extra::pressure(&dir, "cpu"),
-            memory: extra::pressure(&dir, "memory"),
-            io: extra::pressure(&dir, "io"),
+            cpu: p("cpu"),
+            memory: p("memory"),
+            io: p("io"),
         }
     }
 }
 
-/// Reads the usage of `cgroup` from whichever hierarchies hold cpu accounting and memory.
+/// Reads the usage of `cgroup` from whichever hierarchies hold cpu accounting and memory:
+/// each hierarchy's dir opened once, its files relative to it.
 pub fn usage(cgroup: &str) -> Usage {
-    let read = |p: PathBuf| std::fs::read_to_string(p).ok();
+    let hs = hierarchies();
+    let v1 = |controller: &str| {
+        hs.iter()
+            .find(|h| {
+                h.controllers
+                    .as_ref()
+                    .is_some_and(|c| c.iter().any(|c| c == controller))
+            })
+            .and_then(|h| CgDir::open(&join(&h.mount_point, cgroup)))
+    };
+    // The unified hierarchy (v2's, or a hybrid host's): PSI; on v2 every controller's files
+    // (a file whose controller is not enabled there does not exist).
+    let unified = hs
+        .iter()
+        .filter(|h| h.controllers.is_none())
+        .find_map(|h| CgDir::open(&join(&h.mount_point, cgroup)));
     let mut u = Usage {
-        psi: Psi::of(cgroup),
+        psi: unified.as_ref().map(Psi::read).unwrap_or_default(),
         ..Default::default()
     };
-    if let Some(d) = controller_dir("cpuacct", cgroup) {
-        u.cpu_nanos = read(d.join("cpuacct.usage")).and_then(|s| s.trim().parse().ok());
-    }
+    u.cpu_nanos = v1("cpuacct").and_then(|d| d.number("cpuacct.usage"));
     if u.cpu_nanos.is_none() {
-        if let Some(d) = controller_dir("cpu", cgroup) {
-            u.cpu_nanos = read(d.join("cpu.stat"))
-                .and_then(|t| key_value(&t, "usage_usec"))
-                .map(|us| us * 1000);
-        }
+        u.cpu_nanos = unified
+            .as_ref()
+            .and_then(|d| d.read("cpu.stat"))
+            .and_then(|t| key_value(&t, "usage_usec"))
+            .map(|us| us * 1000);
     }
-    if let Some(d) = controller_dir("memory", cgroup) {
-        let (usage, inactive) = match read(d.join("memory.usage_in_bytes")) {
-            Some(v1) => (
-                v1.trim().parse::<u64>().ok(),
-                read(d.join("memory.stat")).and_then(|t| key_value(&t, "total_inactive_file")),
+    let (usage, inactive) = match v1("memory") {
+        Some(d) => (
+            d.number("memory.usage_in_bytes"),
+            d.read("memory.stat")
+                .and_then(|t| key_value(&t, "total_inactive_file")),
+        ),
+        None => match &unified {
+            Some(d) => (
+                d.number("memory.current"),
+                d.read("memory.stat")
+                    .and_then(|t| key_value(&t, "inactive_file")),
             ),
-            None => (
-                read(d.join("memory.current")).and_then(|s| s.trim().parse().ok()),
-                read(d.join("memory.stat")).and_then(|t| key_value(&t, "inactive_file")),
-            ),
-        };
-        u.memory_bytes = usage;
-        u.working_set_bytes = usage.map(|m| m.saturating_sub(inactive.unwrap_or(0)));
-    }
+            None => (None, None),
+        },
+    };
+    u.memory_bytes = usage;
+    u.working_set_bytes = usage.map(|m| m.saturating_sub(inactive.unwrap_or(0)));
     u
 }
 
