@@ -57,15 +57,21 @@ pub async fn pull(
     progress_timeout: Duration,
 ) -> Result<(ImageRecord, u64)> {
     let candidates = super::short_names::candidates(image, &files.into())?;
+    let pull = Pull {
+        store,
+        auth,
+        registries,
+        files,
+        progress_timeout,
+    };
     if candidates.len() == 1 {
-        let r = &candidates[0];
-        return pull_reference(store, r, image, auth, registries, files, progress_timeout).await;
+        return pull.reference(&candidates[0], image).await;
     }
     let mut last = None;
     let mut tried = Vec::new();
     for r in &candidates {
         let name = r.full();
-        match pull_reference(store, r, &name, auth, registries, files, progress_timeout).await {
+        match pull.reference(r, &name).await {
             Ok(done) => {
                 tracing::info!(image, resolved = %name, "short name pulled from a search registry");
                 return Ok(done);
@@ -95,40 +101,44 @@ fn combined(image: &str, last: Option<Error>, tried: &[String]) -> Error {
     }
 }
 
-/// Pulls reference `r` (`image` names it in errors) from its endpoints.
-async fn pull_reference(
-    store: &ImageStore,
-    r: &Reference,
-    image: &str,
-    auth: &Auth,
-    registries: &BTreeMap<String, RegistryConfig>,
-    files: &RegistryFilesConfig,
+/// What every candidate of one pull is pulled with.
+struct Pull<'a> {
+    store: &'a ImageStore,
+    auth: &'a Auth,
+    registries: &'a BTreeMap<String, RegistryConfig>,
+    files: &'a RegistryFilesConfig,
     progress_timeout: Duration,
-) -> Result<(ImageRecord, u64)> {
-    let eps = endpoints(r, registries, files)?;
-    let started = Instant::now();
-    let tracked = store.pulls.begin(&r.full());
-    let work = pull_endpoints(
-        store,
-        &tracked.progress,
-        r,
-        image,
-        auth,
-        files,
-        eps,
-        started,
-    );
-    if progress_timeout.is_zero() {
-        return work.await;
-    }
-    tokio::select! {
-        r = work => r,
-        () = stalled(&tracked.progress, progress_timeout) => {
-            tracing::warn!(image = %r.full(), seconds = progress_timeout.as_secs(), "pull made no progress: cancelled");
-            Err(Error::DeadlineExceeded(format!(
-                "pull of {image}: no progress for {} s (image_pull_progress_timeout); cancelled",
-                progress_timeout.as_secs()
-            )))
+}
+
+impl Pull<'_> {
+    /// Pulls reference `r` (`image` names it in errors) from its endpoints.
+    async fn reference(&self, r: &Reference, image: &str) -> Result<(ImageRecord, u64)> {
+        let eps = endpoints(r, self.registries, self.files)?;
+        let started = Instant::now();
+        let tracked = self.store.pulls.begin(&r.full());
+        let work = pull_endpoints(
+            self.store,
+            &tracked.progress,
+            r,
+            image,
+            self.auth,
+            self.files,
+            eps,
+            started,
+        );
+        let limit = self.progress_timeout;
+        if limit.is_zero() {
+            return work.await;
+        }
+        tokio::select! {
+            r = work => r,
+            () = stalled(&tracked.progress, limit) => {
+                tracing::warn!(image = %r.full(), seconds = limit.as_secs(), "pull made no progress: cancelled");
+                Err(Error::DeadlineExceeded(format!(
+                    "pull of {image}: no progress for {} s (image_pull_progress_timeout); cancelled",
+                    limit.as_secs()
+                )))
+            }
         }
     }
 }
