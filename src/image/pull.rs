@@ -44,19 +44,20 @@ fn to_error(image: &str, e: RegistryError) -> Error {
     }
 }
 
-/// Pulls `image` into `store`, tagging it with the normalized reference: a short name's
-/// candidates (`short_names.rs`) in turn, until one is pulled. A pull that makes no
+/// Pulls `image` into `store`, tagging it with the normalized reference: `candidates`, what
+/// it resolves to (`short_names::candidates`, read once by the caller), in turn until one is
+/// pulled. A pull that makes no
 /// progress for `progress_timeout` (zero: no limit) is cancelled: the transfers are dropped,
 /// the unpackers see their input end and clean up, and the error says why.
 pub async fn pull(
     store: &ImageStore,
     image: &str,
+    candidates: &[Reference],
     auth: &Auth,
     registries: &BTreeMap<String, RegistryConfig>,
     files: &RegistryFilesConfig,
     progress_timeout: Duration,
 ) -> Result<(ImageRecord, u64)> {
-    let candidates = super::short_names::candidates(image, &files.into())?;
     let pull = Pull {
         store,
         auth,
@@ -69,7 +70,7 @@ pub async fn pull(
     }
     let mut last = None;
     let mut tried = Vec::new();
-    for r in &candidates {
+    for r in candidates {
         let name = r.full();
         match pull.reference(r, &name).await {
             Ok(done) => {

@@ -32,10 +32,8 @@ impl Runtime {
     ) -> Result<image::ImageRecord> {
         // Only requests for the same image with the same credentials share a download.
         // (A short name by what it resolves to: `busybox` and `docker.io/busybox` share.)
-        let names: Vec<String> = image::short_names::candidates(image, &self.images.short_names)?
-            .iter()
-            .map(|r| r.full())
-            .collect();
+        let candidates = image::short_names::candidates(image, &self.images.short_names)?;
+        let names: Vec<String> = candidates.iter().map(|r| r.full()).collect();
         let key = format!("{} {}", names.join(","), auth.share_key());
         let cell = {
             let mut pulls = lock(&self.pulls);
@@ -63,6 +61,7 @@ impl Runtime {
                 image::pull::pull(
                     &self.images,
                     image,
+                    &candidates,
                     auth,
                     &self.cfg.registries,
                     &self.cfg.registry_files,
