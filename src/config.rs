@@ -458,6 +458,23 @@ pub struct StoreConfig {
     /// costs a pull the time the disk takes to write the unpacked bytes (`bench/RESULTS.md`,
     /// image pulls); off only where nodes are rebuilt rather than rebooted after a crash.
     pub sync_layers: bool,
+    /// eStargz layers (those whose manifest entry names their TOC digest) are mounted from a
+    /// FUSE filesystem of their own instead of downloaded first: PullImage answers once each
+    /// TOC is read and verified, files are fetched by range request as they are read (each
+    /// chunk checked against the TOC's digest), and the rest of the layer is fetched in the
+    /// background, then unpacked as any other layer for the containers created after
+    /// (`image/lazy/`). Layers that are not eStargz, and registries that ignore range
+    /// requests, take the full pull. Off by default.
+    pub lazy_pull: bool,
+    /// The binary that serves a lazy layer (`sandboxd lazyfs`); default: `$SANDBOXD_LAZYFS`,
+    /// else the `sandboxd` next to the running executable, else in PATH.
+    pub lazy_helper: Option<PathBuf>,
+    /// A lazy layer's read waits at most this long for one range request (then retries,
+    /// twice; then the read fails with EIO and a log line names the layer).
+    pub lazy_fetch_timeout_seconds: u64,
+    /// A lazy layer's background fetch of the rest starts this long after it is mounted
+    /// (the container's own first reads have the link to themselves meanwhile).
+    pub lazy_background_delay_seconds: u64,
 }
 
 impl Default for StoreConfig {
@@ -473,6 +490,10 @@ impl Default for StoreConfig {
             range_part_bytes: 4 << 20,
             range_buffer_bytes: 32 << 20,
             sync_layers: true,
+            lazy_pull: false,
+            lazy_helper: std::env::var_os("SANDBOXD_LAZYFS").map(PathBuf::from),
+            lazy_fetch_timeout_seconds: 30,
+            lazy_background_delay_seconds: 0,
         }
     }
 }

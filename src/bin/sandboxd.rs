@@ -55,6 +55,10 @@ struct Cli {
     /// 127.0.0.1:9090. Off by default.
     #[arg(long, env = "SANDBOXD_METRICS_ADDRESS")]
     metrics_address: Option<std::net::SocketAddr>,
+    /// Mount eStargz layers lazily ([images] lazy_pull): containers start before the whole
+    /// layer has arrived.
+    #[arg(long, env = "SANDBOXD_LAZY_PULL")]
+    lazy_pull: bool,
     /// Print the effective config as TOML and exit.
     #[arg(long)]
     print_default_config: bool,
@@ -69,6 +73,13 @@ enum Cmd {
     /// Print the man page (roff) to stdout.
     #[command(hide = true)]
     Man,
+    /// Serve one lazy image layer over FUSE (started by the daemon itself, its spec on stdin).
+    #[command(hide = true)]
+    Lazyfs {
+        /// The layer's dir under the image store (`images/lazy/<diff id>`).
+        #[arg(long)]
+        dir: PathBuf,
+    },
     /// Run, inspect, stop and remove one pod sandbox through the library, printing each step.
     Demo {
         /// Share the PID namespace, so the pod runs the pause process.
@@ -87,6 +98,9 @@ fn effective_config(cli: &Cli) -> Result<DaemonConfig, sandboxd::Error> {
     };
     if let Some(v) = &cli.socket {
         cfg.socket = v.clone();
+    }
+    if cli.lazy_pull {
+        cfg.runtime.images.lazy_pull = true;
     }
     if let Some(v) = cli.metrics_address {
         cfg.metrics_address = Some(v);
@@ -180,6 +194,15 @@ fn main() {
             }
             return;
         }
+        Some(Cmd::Lazyfs { dir }) => {
+            let filter = std::env::var("SANDBOXD_LOG_LEVEL").unwrap_or_else(|_| "info".into());
+            tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_writer(std::io::stderr)
+                .with_ansi(false)
+                .init();
+            std::process::exit(sandboxd::image::lazy::helper::main(dir));
+        }
         _ => {}
     }
     let cfg = match effective_config(&cli) {
@@ -196,7 +219,7 @@ fn main() {
     };
     let result = match cli.command {
         Some(Cmd::Demo { infra }) => demo(cfg, infra),
-        Some(Cmd::Completion { .. } | Cmd::Man) => Ok(()),
+        Some(Cmd::Completion { .. } | Cmd::Man | Cmd::Lazyfs { .. }) => Ok(()),
         None => daemon(cfg),
     };
     // The spans of the last calls, sent before the exit.

@@ -230,7 +230,7 @@ fn build(
         .layers
         .iter()
         .rev()
-        .map(|l| rt.images.layer_dir(l))
+        .map(|l| rt.images.lower_dir(l))
         .collect::<Result<Vec<_>>>()?;
     // In a pod with its own user namespace, its root must own what the node's root owns in
     // the image: the layers are idmapped under the overlay (see `userns`).

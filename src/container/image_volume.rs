@@ -55,7 +55,7 @@ pub(crate) fn stage(
         .layers
         .iter()
         .rev()
-        .map(|l| images.content_dir(l, v.artifact))
+        .map(|l| images.mount_dir(l, v.artifact))
         .collect::<Result<Vec<_>>>()?;
     let scratch = at.with_extension("image");
     mount(id, &lower, &scratch, at, &v.sub_path, idmap)?;

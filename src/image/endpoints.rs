@@ -93,8 +93,8 @@ pub(super) fn is_loopback(host_port: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-/// One place a pull may fetch from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One place a pull may fetch from (handed to a lazy layer's server as JSON on a pipe).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Endpoint {
     /// `host[:port]`: whose credentials it gets; named in logs and errors.
     pub host: String,

@@ -12,9 +12,13 @@ pub mod archive;
 mod artifact;
 mod auth_file;
 mod endpoints;
+#[doc(hidden)]
+pub mod estargz;
 mod hosts_toml;
 #[doc(hidden)]
 pub mod in_flight;
+#[doc(hidden)]
+pub mod lazy;
 #[doc(hidden)]
 pub mod policy;
 #[doc(hidden)]

@@ -249,6 +249,8 @@ struct LayerDesc {
     foreign: bool,
     /// An OCI artifact's layer: kept as one file of this name, not unpacked.
     file: Option<String>,
+    /// An eStargz layer's TOC digest (its manifest annotation).
+    toc_digest: Option<String>,
 }
 
 /// The manifest for this platform: resolves an index to its linux/<arch> entry.
@@ -334,6 +336,9 @@ async fn pull_from(
                 .ok_or_else(|| RegistryError::Invalid(format!("layer {digest} has no size")))?,
             foreign: media_type.contains("foreign") || media_type.contains("nondistributable"),
             file: artifact.then(|| super::artifact::file_name(&l, &digest)),
+            toc_digest: l["annotations"][super::estargz::TOC_DIGEST_ANNOTATION]
+                .as_str()
+                .map(str::to_string),
             digest,
             media_type,
         });
@@ -530,6 +535,18 @@ async fn fetch_layer(
     progress: &LayerProgress,
 ) -> std::result::Result<Option<String>, PullError> {
     let started = Instant::now();
+    let lazy = l
+        .toc_digest
+        .as_deref()
+        .filter(|_| store.cfg.lazy_pull && l.file.is_none() && l.media_type.contains("gzip"));
+    if let Some(toc) = lazy {
+        match super::lazy::mount(store, reg, &l.digest, l.size, diff_id, toc).await? {
+            super::lazy::Mounted::Yes => return Ok(None),
+            super::lazy::Mounted::No(why) => {
+                tracing::info!(layer = %l.digest, diff_id, why, "eStargz layer not lazy: pulled whole")
+            }
+        }
+    }
     let ranges = super::ranged::Ranges {
         parts: store.cfg.range_parts,
         part_bytes: store.cfg.range_part_bytes,

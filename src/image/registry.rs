@@ -38,8 +38,8 @@ pub enum RegistryError {
     Transport(String),
 }
 
-/// Credentials for one registry.
-#[derive(Clone, PartialEq, Eq)]
+/// Credentials for one registry (handed to a lazy layer's server on a pipe, never written).
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Creds {
     Basic(String, String),
     /// A token sent as is (CRI `registry_token`).
@@ -139,6 +139,8 @@ pub struct Registry {
     repo: String,
     creds: Option<Creds>,
     token: std::sync::Mutex<Option<String>>,
+    /// What the client was made of (a lazy layer's server makes its own from them).
+    endpoint: super::endpoints::Endpoint,
 }
 
 /// reqwest is built without a crypto provider of its own: ring becomes the process's
@@ -216,7 +218,18 @@ impl Registry {
             repo: ep.repo.clone(),
             creds,
             token: std::sync::Mutex::new(token),
+            endpoint: ep.clone(),
         })
+    }
+
+    /// The endpoint this client talks to.
+    pub fn endpoint(&self) -> &super::endpoints::Endpoint {
+        &self.endpoint
+    }
+
+    /// The credentials it was given.
+    pub fn creds(&self) -> Option<&Creds> {
+        self.creds.as_ref()
     }
 
     /// GET `url` (answering one authentication challenge), returning a successful response.

@@ -232,7 +232,15 @@ impl ImageStore {
     }
 
     pub fn with_config(dir: PathBuf, cfg: StoreConfig) -> Result<Self> {
-        for d in ["", "blobs", "blobs/sha256", "layers", "artifacts", "tmp"] {
+        for d in [
+            "",
+            "blobs",
+            "blobs/sha256",
+            "layers",
+            "artifacts",
+            "lazy",
+            "tmp",
+        ] {
             let p = dir.join(d);
             crate::state::files::private_dir_all(&p).map_err(herr)?;
             crate::state::files::restrict_dir(&p).map_err(herr)?;
@@ -249,7 +257,41 @@ impl ImageStore {
             short_names: Default::default(),
         };
         store.drop_shared_artifacts()?;
+        store.drop_lost_lazy_layers()?;
         Ok(store)
+    }
+
+    /// The store as a lazy layer's server sees it (made and migrated by the daemon already):
+    /// only to unpack its completed layer into.
+    pub(crate) fn for_layer_server(dir: PathBuf, cfg: StoreConfig) -> Self {
+        ImageStore {
+            dir,
+            cfg,
+            pins: Arc::default(),
+            pulls: Arc::default(),
+            in_flight: Default::default(),
+            range_budget: Arc::new(tokio::sync::Semaphore::new(1)),
+            short_names: Default::default(),
+        }
+    }
+
+    /// Lazy layers whose server is gone (a reboot) are removed, and the images that named
+    /// one not unpacked otherwise are dropped: kubelet pulls them again.
+    fn drop_lost_lazy_layers(&self) -> Result<()> {
+        let lost: HashSet<String> = super::lazy::sweep_lost(self).into_iter().collect();
+        if lost.is_empty() || !self.dir.join("images.json").exists() {
+            return Ok(());
+        }
+        self.with_index(|ix| {
+            ix.images.retain(|id, i| {
+                let keep = !i.layers.iter().any(|l| lost.contains(l));
+                if !keep {
+                    tracing::warn!(image = %id, tags = ?i.repo_tags, "dropped an image whose lazy layer's server is gone: pull it again");
+                }
+                keep
+            });
+            Ok(())
+        })
     }
 
     /// Stores made before artifacts had a namespace of their own kept an artifact's files in
@@ -348,9 +390,41 @@ impl ImageStore {
         }
     }
 
-    /// Is this layer (of an image or of an artifact) stored already?
+    /// Is this layer (of an image or of an artifact) stored already, unpacked or served
+    /// lazily?
     pub fn has_content(&self, key: &str, artifact: bool) -> bool {
         self.content_dir(key, artifact).is_ok_and(|d| d.is_dir())
+            || (!artifact && self.lazy_lower(key).is_some())
+    }
+
+    /// The mount of a lazy layer that is served, if any.
+    fn lazy_lower(&self, diff_id: &str) -> Option<PathBuf> {
+        let d = super::lazy::dir(self, diff_id).ok()?;
+        super::lazy::is_ready(&d).then(|| super::lazy::mount_point(&d))
+    }
+
+    /// Whether the layer is stacked from its lazy mount (not unpacked yet).
+    pub fn is_lazy(&self, diff_id: &str) -> bool {
+        !self.has_layer(diff_id) && self.lazy_lower(diff_id).is_some()
+    }
+
+    /// Where a layer is stacked from: its unpacked dir, else its lazy mount, else the
+    /// unpacked dir's path (the mount then fails naming it).
+    pub fn lower_dir(&self, diff_id: &str) -> Result<PathBuf> {
+        let d = self.layer_dir(diff_id)?;
+        if d.is_dir() {
+            return Ok(d);
+        }
+        Ok(self.lazy_lower(diff_id).unwrap_or(d))
+    }
+
+    /// [`ImageStore::lower_dir`] of an image's layer, [`ImageStore::artifact_dir`] of an
+    /// artifact's.
+    pub fn mount_dir(&self, key: &str, artifact: bool) -> Result<PathBuf> {
+        match artifact {
+            true => self.artifact_dir(key),
+            false => self.lower_dir(key),
+        }
     }
 
     /// A fresh private dir under `tmp/` (`what-<random>`).
@@ -433,6 +507,18 @@ impl ImageStore {
         diff_id: &str,
         raw: Box<dyn Read + Send + '_>,
     ) -> Result<unpack::Applied> {
+        self.unpack_layer_without(diff_id, raw, &[])
+    }
+
+    /// [`ImageStore::unpack_layer`], then the regular files named `drop` at the layer's root
+    /// removed before it is committed (an eStargz layer's TOC and landmarks, which its lazy
+    /// view does not show either).
+    pub fn unpack_layer_without(
+        &self,
+        diff_id: &str,
+        raw: Box<dyn Read + Send + '_>,
+        drop: &[&str],
+    ) -> Result<unpack::Applied> {
         let dest = self.layer_dir(diff_id)?;
         let tmp = self.temp_dir("layer")?;
         let result = (|| {
@@ -442,6 +528,12 @@ impl ImageStore {
                 return Err(bad(&format!(
                     "layer content is {got}, the config says {diff_id}"
                 )));
+            }
+            for name in drop {
+                let p = tmp.join(name);
+                if std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_file()) {
+                    std::fs::remove_file(&p).map_err(|e| herr(HostError::io("remove", &p, e)))?;
+                }
             }
             // Its files' data durable before its name is: the index names the layer next.
             if self.cfg.sync_layers {
@@ -590,7 +682,7 @@ impl ImageStore {
             .filter_map(|d| d.strip_prefix("sha256:"))
             .collect();
         let blobs = self.dir.join("blobs/sha256");
-        let mut out: Vec<PathBuf> = ["layers", "artifacts"]
+        let mut out: Vec<PathBuf> = ["layers", "artifacts", "lazy"]
             .into_iter()
             .flat_map(|d| {
                 let dir = self.dir.join(d);
@@ -615,8 +707,16 @@ impl ImageStore {
         let _lock = self.lock_index()?;
         let (mut layers, mut blobs) = (0, 0);
         let dirs = [self.dir.join("layers"), self.dir.join("artifacts")];
+        let lazy = self.dir.join("lazy");
         for p in self.unused_locked(in_use) {
-            if dirs.iter().any(|d| p.parent() == Some(d.as_path())) {
+            if p.parent() == Some(lazy.as_path()) {
+                match super::lazy::remove(&p) {
+                    Ok(()) => layers += 1,
+                    Err(e) => {
+                        tracing::warn!(layer = %p.display(), error = %e, "cannot remove unused lazy layer")
+                    }
+                }
+            } else if dirs.iter().any(|d| p.parent() == Some(d.as_path())) {
                 match std::fs::remove_dir_all(&p) {
                     Ok(()) => layers += 1,
                     Err(e) => {

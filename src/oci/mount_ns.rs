@@ -39,8 +39,9 @@ use nix::sys::stat::Mode;
 use crate::error::HostError;
 
 /// The dirs under the state root where pods' mounts go (rootfs overlays, shm, idmapped
-/// trees): their mounts are what the template leaves out.
-const POD_MOUNT_DIRS: [&str; 3] = ["containers", "sandboxes", "userns"];
+/// trees) and lazy image layers' FUSE mounts (a copy held here would keep a removed layer's
+/// server alive): their mounts are what the template leaves out.
+const POD_MOUNT_DIRS: [&str; 4] = ["containers", "sandboxes", "userns", "images/lazy"];
 
 /// How long one template serves before the next use makes a new one.
 pub const MAX_AGE: Duration = Duration::from_secs(30);

@@ -40,6 +40,13 @@ pub struct FakeRegistry {
 impl FakeRegistry {
     /// Serves `route(path)` (None = 404) until the test process ends.
     pub fn start(route: impl Fn(&str) -> Option<Answer> + Send + Sync + 'static) -> FakeRegistry {
+        Self::start_with_range(move |p, _| route(p))
+    }
+
+    /// [`FakeRegistry::start`] with the request's `Range: bytes=S-E` handed to `route`.
+    pub fn start_with_range(
+        route: impl Fn(&str, Option<(usize, usize)>) -> Option<Answer> + Send + Sync + 'static,
+    ) -> FakeRegistry {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
         let route = Arc::new(route);
@@ -53,14 +60,20 @@ impl FakeRegistry {
                         return;
                     }
                     let path = line.split(' ').nth(1).unwrap_or("").to_string();
+                    let mut range = None;
                     loop {
                         let mut h = String::new();
                         if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
                             break;
                         }
+                        let lower = h.to_ascii_lowercase();
+                        if let Some(v) = lower.strip_prefix("range: bytes=") {
+                            let (a, b) = v.trim().split_once('-').unwrap_or(("", ""));
+                            range = a.parse().ok().zip(b.parse().ok());
+                        }
                     }
                     let mut w = conn;
-                    match route(&path) {
+                    match route(&path, range) {
                         Some(a) => {
                             let mut head = format!(
                                 "HTTP/1.1 {} X\r\nContent-Type: {}\r\nConnection: close\r\n",

@@ -112,6 +112,49 @@ impl Registry {
         super::busybox::sha(&manifest)
     }
 
+    /// Pushes an image whose layers are pushed as given with their manifest annotations
+    /// (`(blob, annotations)`; eStargz layers name their TOC digest there); returns the
+    /// manifest's digest.
+    pub fn push_annotated(
+        &self,
+        repo: &str,
+        tag: &str,
+        layers: &[(Vec<u8>, serde_json::Value)],
+        config: &[u8],
+    ) -> String {
+        let mut descs = Vec::new();
+        for (l, ann) in layers {
+            self.push_blob(repo, None, l);
+            descs.push(serde_json::json!({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": super::busybox::sha(l), "size": l.len(), "annotations": ann}));
+        }
+        self.push_blob(repo, None, config);
+        let manifest = serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": super::busybox::sha(config), "size": config.len()},
+            "layers": descs,
+        }))
+        .unwrap();
+        self.push_manifest(
+            repo,
+            tag,
+            None,
+            &manifest,
+            "application/vnd.oci.image.manifest.v1+json",
+        );
+        super::busybox::sha(&manifest)
+    }
+
+    /// The registry's access-log lines for `GET …/blobs/<digest>` with their status.
+    pub fn blob_requests(&self, digest: &str) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("\"GET /v2/") && l.contains(&format!("/blobs/{digest} ")))
+            .map(str::to_string)
+            .collect()
+    }
+
     fn client(&self) -> (reqwest::Client, String) {
         sandboxd::image::registry::install_tls_provider();
         let c = reqwest::Client::builder()

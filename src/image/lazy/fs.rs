@@ -1,0 +1,273 @@
+//! The FUSE filesystem of a lazy layer: the TOC's tree answered from memory (lookups,
+//! attributes, listings, links, the overlay opaque marker as `trusted.overlay.opaque`,
+//! whiteouts as 0:0 character devices), file bytes from the blob's chunks (`blob.rs`).
+//! Read-only; the kernel checks permissions (`default_permissions`). Inode numbers are the
+//! tree's indexes plus one (the root is 1).
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
+    OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyXattr, Request,
+};
+
+use super::super::estargz::{Kind, Node, Tree};
+use super::blob::Blob;
+
+/// Nothing in a layer changes: the kernel may keep what it was told.
+const TTL: Duration = Duration::from_secs(24 * 3600);
+const OPAQUE: &[u8] = b"trusted.overlay.opaque";
+
+pub struct LazyFs {
+    pub tree: Arc<Tree>,
+    pub blob: Arc<Blob>,
+}
+
+impl LazyFs {
+    fn node(&self, ino: INodeNo) -> Option<&Node> {
+        let i = ino.0.checked_sub(1)?;
+        self.tree.nodes.get(usize::try_from(i).ok()?)
+    }
+
+    fn attr(&self, ino: u64, n: &Node) -> FileAttr {
+        let (kind, rdev) = match n.kind {
+            Kind::Dir => (FileType::Directory, 0),
+            Kind::Reg => (FileType::RegularFile, 0),
+            Kind::Symlink => (FileType::Symlink, 0),
+            Kind::Whiteout => (FileType::CharDevice, 0),
+            Kind::Fifo => (FileType::NamedPipe, 0),
+        };
+        let t = if n.mtime >= 0 {
+            UNIX_EPOCH + Duration::from_secs(n.mtime as u64)
+        } else {
+            UNIX_EPOCH
+        };
+        FileAttr {
+            ino: INodeNo(ino),
+            size: n.size,
+            blocks: n.size.div_ceil(512),
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+            kind,
+            perm: n.perm as u16,
+            nlink: if n.kind == Kind::Dir {
+                2 + n
+                    .children
+                    .values()
+                    .filter(|c| self.tree.nodes[**c as usize].kind == Kind::Dir)
+                    .count() as u32
+            } else {
+                n.nlink
+            },
+            uid: n.uid,
+            gid: n.gid,
+            rdev,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    fn file_type(n: &Node) -> FileType {
+        match n.kind {
+            Kind::Dir => FileType::Directory,
+            Kind::Reg => FileType::RegularFile,
+            Kind::Symlink => FileType::Symlink,
+            Kind::Whiteout => FileType::CharDevice,
+            Kind::Fifo => FileType::NamedPipe,
+        }
+    }
+
+    /// Bytes `off..off+size` of file `n`, from its chunks.
+    fn bytes(&self, n: &Node, off: u64, size: u64) -> Result<Vec<u8>, String> {
+        let end = off.saturating_add(size).min(n.size);
+        let mut out = Vec::with_capacity(end.saturating_sub(off) as usize);
+        let first = n.chunks.partition_point(|c| c.file_off + c.len <= off);
+        for c in &n.chunks[first..] {
+            if c.file_off >= end {
+                break;
+            }
+            let data = self.blob.chunk(c)?;
+            let a = off.max(c.file_off) - c.file_off;
+            let b = end.min(c.file_off + c.len) - c.file_off;
+            out.extend_from_slice(&data[a as usize..b as usize]);
+        }
+        Ok(out)
+    }
+}
+
+fn path_of(tree: &Tree, mut i: u32) -> String {
+    let mut parts = Vec::new();
+    let mut guard = 0;
+    while i != 0 && guard < 4096 {
+        let p = tree.nodes[i as usize].parent;
+        if let Some((name, _)) = tree.nodes[p as usize]
+            .children
+            .iter()
+            .find(|(_, c)| **c == i)
+        {
+            parts.push(String::from_utf8_lossy(name).into_owned());
+        }
+        i = p;
+        guard += 1;
+    }
+    parts.reverse();
+    format!("/{}", parts.join("/"))
+}
+
+impl Filesystem for LazyFs {
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let Some(p) = self.node(parent) else {
+            return reply.error(Errno::ENOENT);
+        };
+        match p.children.get(name.as_bytes()) {
+            Some(&c) => {
+                let ino = u64::from(c) + 1;
+                reply.entry(
+                    &TTL,
+                    &self.attr(ino, &self.tree.nodes[c as usize]),
+                    Generation(0),
+                )
+            }
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.node(ino) {
+            Some(n) => reply.attr(&TTL, &self.attr(ino.0, n)),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.node(ino) {
+            Some(n) if n.kind == Kind::Symlink => reply.data(&n.target),
+            Some(_) => reply.error(Errno::EINVAL),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
+            return reply.error(Errno::EROFS);
+        }
+        match self.node(ino) {
+            Some(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(n) = self.node(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        if n.kind != Kind::Reg {
+            return reply.error(Errno::EINVAL);
+        }
+        match self.bytes(n, offset, u64::from(size)) {
+            Ok(b) => reply.data(&b),
+            Err(e) => {
+                let file = path_of(&self.tree, (ino.0 - 1) as u32);
+                tracing::error!(layer = %self.blob.digest, file, offset, error = %e, "lazy layer: read failed (EIO)");
+                reply.error(Errno::EIO)
+            }
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.node(ino) {
+            Some(n) if n.kind == Kind::Dir => {
+                reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
+            }
+            Some(_) => reply.error(Errno::ENOTDIR),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some(n) = self.node(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let parent = u64::from(n.parent) + 1;
+        let dots = [
+            (ino.0, FileType::Directory, OsStr::new(".")),
+            (parent, FileType::Directory, OsStr::new("..")),
+        ];
+        let rest = n.children.iter().map(|(name, c)| {
+            let child = &self.tree.nodes[*c as usize];
+            (
+                u64::from(*c) + 1,
+                Self::file_type(child),
+                OsStr::from_bytes(name),
+            )
+        });
+        for (i, (ino, kind, name)) in dots
+            .into_iter()
+            .chain(rest)
+            .enumerate()
+            .skip(offset as usize)
+        {
+            if reply.add(INodeNo(ino), i as u64 + 1, kind, name) {
+                break;
+            }
+        }
+        reply.ok()
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let blocks = self.tree.bytes.div_ceil(4096);
+        let files = self.tree.nodes.len() as u64;
+        reply.statfs(blocks, 0, 0, files, 0, 4096, 255, 4096)
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.node(ino) {
+            Some(n) if n.opaque && name.as_bytes() == OPAQUE => match size {
+                0 => reply.size(1),
+                s if s >= 1 => reply.data(b"y"),
+                _ => reply.error(Errno::ERANGE),
+            },
+            Some(_) => reply.error(Errno::NO_XATTR),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let Some(n) = self.node(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let mut list = Vec::new();
+        if n.opaque {
+            list.extend_from_slice(OPAQUE);
+            list.push(0);
+        }
+        match size {
+            0 => reply.size(list.len() as u32),
+            s if s as usize >= list.len() => reply.data(&list),
+            _ => reply.error(Errno::ERANGE),
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! `sandboxd lazyfs --dir D`: the server of one lazy layer. Reads its [`Spec`] from stdin
+//! and the TOC from `D/toc.json`, forks (the daemon reaps the first process at once; the
+//! server lives on in a session of its own, as a pod's monitor does), mounts `D/mnt`, answers
+//! the kernel's handshake, says `ready` on stdout (or `error: …`), then serves until the
+//! mount is gone, fetching the rest of the layer in the background and unpacking it into the
+//! store once complete.
+#![allow(unsafe_code)]
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::super::estargz::{self, Tree};
+use super::super::registry::Registry;
+use super::super::store::ImageStore;
+use super::blob::Blob;
+use super::fs::LazyFs;
+use super::Spec;
+
+/// Runs the server; the process's exit status.
+pub fn main(dir: &Path) -> i32 {
+    let fail = |m: String| {
+        let _ = writeln!(std::io::stdout(), "error: {m}");
+        let _ = std::io::stdout().flush();
+        1
+    };
+    let mut raw = Vec::new();
+    if let Err(e) = std::io::stdin().take(1 << 20).read_to_end(&mut raw) {
+        return fail(format!("read the spec: {e}"));
+    }
+    let spec: Spec = match serde_json::from_slice(&raw) {
+        Ok(s) => s,
+        Err(e) => return fail(format!("the spec: {e}")),
+    };
+    let json = match crate::untrusted_fs::read_file(&dir.join("toc.json"), estargz::MAX_TOC_BYTES) {
+        Ok(j) => j,
+        Err(e) => return fail(format!("read the TOC: {e}")),
+    };
+    let limits = estargz::TocLimits {
+        max_entries: spec.store_cfg.max_layer_entries,
+        max_bytes: spec.store_cfg.max_layer_bytes,
+    };
+    let tree = match Tree::parse(&json, spec.toc_offset, limits) {
+        Ok(t) => Arc::new(t),
+        Err(e) => return fail(e),
+    };
+    drop(json);
+    // Still one thread: the fork is safe. The first process exits, the daemon reaps it.
+    // SAFETY: fork in a single-threaded process; the child only goes on with this code.
+    match unsafe { libc::fork() } {
+        -1 => return fail(format!("fork: {}", std::io::Error::last_os_error())),
+        0 => {}
+        _ => return 0,
+    }
+    // SAFETY: setsid in the child, which leads no group.
+    unsafe { libc::setsid() };
+    match serve(dir, spec, tree) {
+        Ok(()) => 0,
+        Err(m) => {
+            tracing::error!(dir = %dir.display(), error = %m, "lazy layer server failed");
+            fail(m)
+        }
+    }
+}
+
+fn serve(dir: &Path, spec: Spec, tree: Arc<Tree>) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("lazyfs-io")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let reg = {
+        let _in = rt.enter();
+        Registry::new(&spec.endpoint, spec.creds.clone()).map_err(|e| e.to_string())?
+    };
+    let cache = dir.join("blob");
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&cache)
+            .map_err(|e| format!("create {}: {e}", cache.display()))?
+    };
+    let timeout = Duration::from_secs(spec.store_cfg.lazy_fetch_timeout_seconds.max(1));
+    let blob = Arc::new(
+        Blob::new(
+            file,
+            spec.size,
+            spec.digest.clone(),
+            reg,
+            rt.handle().clone(),
+            timeout,
+        )
+        .map_err(|e| format!("the blob cache {}: {e}", cache.display()))?,
+    );
+    let mnt = super::mount_point(dir);
+    let fuse = mount(&mnt)?;
+    let fs = LazyFs {
+        tree: tree.clone(),
+        blob: blob.clone(),
+    };
+    let config = {
+        let mut c = fuser::Config::default();
+        c.acl = fuser::SessionACL::All;
+        c.n_threads = Some(4);
+        c.clone_fd = true;
+        c
+    };
+    let session =
+        fuser::Session::from_fd(fs, fuse, fuser::SessionACL::All, config).map_err(|e| {
+            let _ = nix::mount::umount2(&mnt, nix::mount::MntFlags::MNT_DETACH);
+            format!("FUSE handshake on {}: {e}", mnt.display())
+        })?;
+    // Ready: the daemon may stack the mount now. stdout goes quiet after.
+    println!("ready");
+    let _ = std::io::stdout().flush();
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        // SAFETY: dup2 of an fd we own onto stdout.
+        unsafe { libc::dup2(null.as_raw_fd(), 1) };
+    }
+    tracing::info!(layer = %spec.digest, mount = %mnt.display(), files = tree.nodes.len(), "lazy layer served");
+    {
+        let (blob, spec, dir) = (blob.clone(), spec, dir.to_path_buf());
+        let prefetch = tree.prefetch_end.unwrap_or(0);
+        let delay = Duration::from_secs(spec.store_cfg.lazy_background_delay_seconds);
+        std::thread::Builder::new()
+            .name("lazyfs-complete".into())
+            .spawn(move || {
+                std::thread::sleep(delay);
+                complete(&blob, &spec, &dir, prefetch)
+            })
+            .map_err(|e| format!("start the completion thread: {e}"))?;
+    }
+    let r = session.run();
+    tracing::info!(layer = %blob.digest, fetched = blob.fetched.load(std::sync::atomic::Ordering::Relaxed), "lazy layer unmounted: server ends");
+    // The completion thread and the runtime end with the process.
+    std::process::exit(if r.is_ok() { 0 } else { 1 });
+}
+
+/// Opens /dev/fuse and mounts it at `mnt`: read-only, nosuid, nodev, any user may read
+/// through it, the kernel checks permissions by the modes.
+fn mount(mnt: &Path) -> Result<OwnedFd, String> {
+    let p = c"/dev/fuse";
+    // SAFETY: open with a valid NUL-terminated path.
+    let fd = unsafe { libc::open(p.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(format!(
+            "open /dev/fuse: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: a fresh fd we own.
+    let fuse = unsafe { OwnedFd::from_raw_fd(fd) };
+    let data = format!(
+        "fd={},rootmode=40000,user_id=0,group_id=0,allow_other,default_permissions",
+        fuse.as_raw_fd()
+    );
+    use nix::mount::MsFlags;
+    nix::mount::mount(
+        Some(super::SUBTYPE),
+        mnt,
+        Some(format!("fuse.{}", super::SUBTYPE).as_str()),
+        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(data.as_str()),
+    )
+    .map_err(|e| format!("mount FUSE on {}: {e}", mnt.display()))?;
+    Ok(fuse)
+}
+
+/// Fetches the rest of the layer, checks it, unpacks it into the store (diff id checked),
+/// and marks the layer complete.
+fn complete(blob: &Blob, spec: &Spec, dir: &Path, prefetch: u64) {
+    let started = Instant::now();
+    if let Err(e) = blob.complete(prefetch, 3) {
+        tracing::error!(layer = %spec.digest, error = %e, "lazy layer: background fetch failed; files are still fetched as read");
+        return;
+    }
+    let fetched_s = started.elapsed().as_secs_f64();
+    let store = ImageStore::for_layer_server(spec.store.clone(), spec.store_cfg.clone());
+    match store.unpack_layer_without(&spec.diff_id, Box::new(blob.reader()), &estargz::META_NAMES) {
+        Ok(a) => {
+            let _ = crate::state::files::write_private(&dir.join("complete"), b"");
+            tracing::info!(
+                layer = %spec.digest,
+                diff_id = %spec.diff_id,
+                bytes = spec.size,
+                requests = blob.requests.load(std::sync::atomic::Ordering::Relaxed),
+                fetch_seconds = fetched_s,
+                seconds = started.elapsed().as_secs_f64(),
+                entries = a.entries,
+                "lazy layer complete: unpacked for the containers created from now on"
+            );
+        }
+        Err(e) => {
+            tracing::error!(layer = %spec.digest, error = %e, "lazy layer: unpacking the completed layer failed")
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! Lazy layers: an eStargz layer (`../estargz.rs`) mounted from a FUSE filesystem of ours
+//! instead of downloaded first, so a container of a big image starts once the TOCs are read.
+//!
+//! The pull (daemon side, here) asks the registry for the layer's footer and TOC by range
+//! request, checks the TOC against the digest the manifest's layer annotation names (the
+//! manifest is checked against its own digest), reads it into a tree within the store's
+//! layer limits, and starts the layer's server: `sandboxd lazyfs` (`helper.rs`), one process
+//! per layer, in a session of its own so that it outlives daemon restarts as the pods'
+//! monitors do. The server mounts `images/lazy/<diff id>/mnt` (`fuse.sandboxd-lazy`,
+//! read-only, nosuid, nodev, allow_other with the kernel checking permissions), answers
+//! lookups and listings from the tree at once, fetches a file's chunks by range request on
+//! first read into a sparse copy of the blob (`blob.rs`: 1 MiB blocks, each fetched once,
+//! bounded in time; a chunk that fails its digest is fetched again once, then the read fails
+//! with EIO and a log line naming the layer and file), and fetches the rest in the background
+//! (the prefetch landmark's files first). A complete blob is checked against the layer
+//! digest and unpacked as any pulled layer (diff id checked) into `layers/<diff id>`, which
+//! the containers created after it use; the mount serves the containers made before until the
+//! image goes. Lazy layers are used only where stacked as a plain overlay lowerdir: a pod
+//! with its own user namespace (idmapped layers) waits for the unpacked layer.
+//!
+//! Removing the image (collection) unmounts the layer (detached: a container still using it
+//! keeps its view), which ends its server. A layer whose server is gone (a reboot) is
+//! removed at start, and the images that named it are dropped: kubelet pulls them again.
+
+mod blob;
+mod fs;
+pub mod helper;
+
+use std::io::{BufRead, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::StatusCode;
+use serde::{Deserialize, Serialize};
+
+use super::endpoints::Endpoint;
+use super::estargz::{self, Tree};
+use super::registry::{Creds, Registry, RegistryError};
+use super::store::ImageStore;
+use crate::error::{Error, HostError};
+
+/// The filesystem type a lazy layer's mount shows in mountinfo (`fuse.<subtype>`).
+pub const SUBTYPE: &str = "sandboxd-lazy";
+/// `statfs` f_type of a FUSE mount.
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+/// How long the daemon waits for a server to say it serves.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a layer's server is started with (JSON on its stdin; the credentials never touch
+/// the disk).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Spec {
+    pub endpoint: Endpoint,
+    pub creds: Option<Creds>,
+    /// The layer blob's digest and size.
+    pub digest: String,
+    pub size: u64,
+    pub diff_id: String,
+    /// Where the TOC begins (its JSON is `toc.json` in the layer's dir).
+    pub toc_offset: u64,
+    /// The image store's dir and settings (the completed layer is unpacked into it).
+    pub store: PathBuf,
+    pub store_cfg: crate::config::StoreConfig,
+}
+
+/// A lazy layer's dir: `images/lazy/<hex of the diff id>`.
+pub fn dir(store: &ImageStore, diff_id: &str) -> crate::error::Result<PathBuf> {
+    Ok(store
+        .dir
+        .join("lazy")
+        .join(super::store::digest_hex(diff_id)?))
+}
+
+/// Its mount point.
+pub fn mount_point(dir: &Path) -> PathBuf {
+    dir.join("mnt")
+}
+
+/// Whether the layer of this dir is served (its server said so, and the marker is written
+/// only then; a server ends only when its mount is gone).
+pub fn is_ready(dir: &Path) -> bool {
+    dir.join("ready").exists()
+}
+
+/// Whether `p` is a FUSE mount whose server answers.
+fn live_fuse(p: &Path) -> bool {
+    nix::sys::statfs::statfs(p).is_ok_and(|s| s.filesystem_type().0 == FUSE_SUPER_MAGIC)
+}
+
+/// Unmounts a lazy layer (detached: containers using it keep their view until they go, and
+/// its server ends with the last of them) and removes its dir.
+pub fn remove(dir: &Path) -> Result<(), HostError> {
+    let m = mount_point(dir);
+    // Unmounted until nothing is mounted there (a mount made twice over).
+    for _ in 0..4 {
+        match nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH) {
+            Ok(()) => continue,
+            Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => break,
+            Err(e) => return Err(HostError::sys("unmount lazy layer", &m, e)),
+        }
+    }
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(HostError::io("remove", dir, e)),
+    }
+}
+
+/// At start: the lazy layers whose server is gone (a reboot, a killed server) are removed;
+/// returns the diff ids of those not also unpacked (the images naming them are dropped).
+pub fn sweep_lost(store: &ImageStore) -> Vec<String> {
+    let root = store.dir.join("lazy");
+    let mut lost = Vec::new();
+    for name in crate::state::list_dir(&root) {
+        let d = root.join(&name);
+        if is_ready(&d) && live_fuse(&mount_point(&d)) {
+            continue;
+        }
+        tracing::warn!(layer = %name, "lazy layer without its server (the node rebooted, or the server was killed): removed");
+        if let Err(e) = remove(&d) {
+            tracing::warn!(layer = %name, error = %e, "cannot remove a lost lazy layer");
+        }
+        let diff_id = format!("sha256:{name}");
+        if !store.has_layer(&diff_id) {
+            lost.push(diff_id);
+        }
+    }
+    lost
+}
+
+/// Bytes `start..end` of blob `digest` of `size` bytes by one range request: `None` when the
+/// registry answers with the whole blob instead (it ignores `Range`; the answer is dropped
+/// unread).
+pub(crate) async fn fetch_range(
+    reg: &Registry,
+    digest: &str,
+    size: u64,
+    start: u64,
+    end: u64,
+) -> Result<Option<Bytes>, RegistryError> {
+    let resp = reg.blob_range(digest, start, end - 1).await?;
+    if resp.status() == StatusCode::OK {
+        return Ok(None);
+    }
+    if resp.status() != StatusCode::PARTIAL_CONTENT {
+        return Err(RegistryError::Invalid(format!(
+            "layer {digest}: a range request answered {}",
+            resp.status()
+        )));
+    }
+    let want = format!("bytes {start}-{}/{size}", end - 1);
+    let got = resp
+        .headers()
+        .get(reqwest::header::CONTENT_RANGE)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    if got != want {
+        return Err(RegistryError::Invalid(format!(
+            "layer {digest}: asked for {want}, the registry sent the range {got:?}"
+        )));
+    }
+    let len = (end - start) as usize;
+    let body = super::registry::read_capped(resp, len, digest).await?;
+    if body.len() != len {
+        return Err(RegistryError::Invalid(format!(
+            "layer {digest}: a range of {len} bytes came with {}",
+            body.len()
+        )));
+    }
+    Ok(Some(body))
+}
+
+/// What [`mount`] did.
+pub enum Mounted {
+    /// The layer is served lazily.
+    Yes,
+    /// It cannot be (the reason): pull it whole.
+    No(String),
+}
+
+fn invalid(layer: &str, m: impl std::fmt::Display) -> Error {
+    Error::InvalidArgument(format!("image: layer {layer}: {m}"))
+}
+
+/// Mounts the eStargz layer `digest` (`size` bytes, TOC digest `toc_digest`) of diff id
+/// `diff_id` from `reg` lazily. A registry that ignores range requests, or a blob that is
+/// no eStargz after all, is [`Mounted::No`]; a TOC that does not match its digest or breaks
+/// a bound is the image's error.
+pub async fn mount(
+    store: &ImageStore,
+    reg: &Registry,
+    digest: &str,
+    size: u64,
+    diff_id: &str,
+    toc_digest: &str,
+) -> crate::error::Result<Mounted> {
+    let started = std::time::Instant::now();
+    let reg_err =
+        |e: RegistryError| Error::step("lazy layer", digest, HostError::Other(e.to_string()));
+    if size <= estargz::FOOTER_SIZE {
+        return Ok(Mounted::No("smaller than an eStargz footer".into()));
+    }
+    let Some(foot) = fetch_range(reg, digest, size, size - estargz::FOOTER_SIZE, size)
+        .await
+        .map_err(reg_err)?
+    else {
+        return Ok(Mounted::No("the registry ignores range requests".into()));
+    };
+    let toc_offset = match estargz::parse_footer(&foot) {
+        Ok(o) => o,
+        Err(m) => return Ok(Mounted::No(m)),
+    };
+    let toc_end = size - estargz::FOOTER_SIZE;
+    if toc_offset >= toc_end || toc_end - toc_offset > estargz::MAX_TOC_BYTES {
+        return Err(invalid(
+            digest,
+            format!("the footer puts the TOC at {toc_offset}, outside the blob's {toc_end} bytes before it or over {} bytes", estargz::MAX_TOC_BYTES),
+        ));
+    }
+    let Some(member) = fetch_range(reg, digest, size, toc_offset, toc_end)
+        .await
+        .map_err(reg_err)?
+    else {
+        return Ok(Mounted::No("the registry ignores range requests".into()));
+    };
+    let json = estargz::toc_json(&member).map_err(|m| invalid(digest, m))?;
+    let got = super::store::sha256_of(&json);
+    if got != toc_digest {
+        return Err(invalid(
+            digest,
+            format!("its TOC is {got}, the manifest's annotation says {toc_digest}"),
+        ));
+    }
+    let limits = estargz::TocLimits {
+        max_entries: store.cfg.max_layer_entries,
+        max_bytes: store.cfg.max_layer_bytes,
+    };
+    let tree = Tree::parse(&json, toc_offset, limits).map_err(|m| invalid(digest, m))?;
+    let d = dir(store, diff_id)?;
+    if is_ready(&d) && live_fuse(&mount_point(&d)) {
+        return Ok(Mounted::Yes);
+    }
+    remove(&d).map_err(Error::Host)?;
+    crate::state::files::private_dir_all(&mount_point(&d)).map_err(Error::Host)?;
+    crate::state::files::write_private(&d.join("toc.json"), &json).map_err(Error::Host)?;
+    let spec = Spec {
+        endpoint: reg.endpoint().clone(),
+        creds: reg.creds().cloned(),
+        digest: digest.to_string(),
+        size,
+        diff_id: diff_id.to_string(),
+        toc_offset,
+        store: store.dir.clone(),
+        store_cfg: store.cfg.clone(),
+    };
+    let helper = crate::config::Config::helper_path(&store.cfg.lazy_helper, "sandboxd")
+        .ok_or_else(|| {
+            Error::FailedPrecondition(
+                "lazy pulls need the sandboxd binary (set [images] lazy_helper)".into(),
+            )
+        })?;
+    let served = {
+        let d = d.clone();
+        tokio::task::spawn_blocking(move || start_server(&helper, &d, &spec))
+            .await
+            .map_err(|e| Error::Host(HostError::Other(e.to_string())))?
+    };
+    if let Err(e) = served {
+        let _ = remove(&d);
+        return Err(Error::step("start lazy layer server", digest, e));
+    }
+    crate::state::files::write_private(&d.join("ready"), b"").map_err(Error::Host)?;
+    tracing::info!(
+        layer = digest,
+        diff_id,
+        files = tree.nodes.len(),
+        bytes = tree.bytes,
+        toc_bytes = json.len(),
+        seconds = started.elapsed().as_secs_f64(),
+        "lazy layer mounted"
+    );
+    Ok(Mounted::Yes)
+}
+
+/// Starts `helper lazyfs --dir D` with `spec` on its stdin and waits for its `ready` line.
+fn start_server(helper: &Path, d: &Path, spec: &Spec) -> Result<(), HostError> {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(helper)
+        .arg("lazyfs")
+        .arg("--dir")
+        .arg(d)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| HostError::io("run", helper, e))?;
+    let body = serde_json::to_vec(spec).map_err(|e| HostError::Other(e.to_string()))?;
+    if let Some(mut i) = child.stdin.take() {
+        i.write_all(&body)
+            .map_err(|e| HostError::io("write the spec to", helper, e))?;
+    }
+    // The first process forks the server and exits: reaped here, the server is no child of
+    // the daemon's.
+    let out = child.stdout.take();
+    let _ = child.wait();
+    let Some(out) = out else {
+        return Err(HostError::Other(
+            "no stdout from the lazy layer server".into(),
+        ));
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(out.take(4096)).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    match rx.recv_timeout(READY_TIMEOUT) {
+        Ok(l) if l.trim() == "ready" => Ok(()),
+        Ok(l) if l.is_empty() => Err(HostError::Other(
+            "the lazy layer server exited before it served (its log says why)".into(),
+        )),
+        Ok(l) => Err(HostError::Other(l.trim().to_string())),
+        Err(_) => Err(HostError::Other(format!(
+            "the lazy layer server did not serve within {} s",
+            READY_TIMEOUT.as_secs()
+        ))),
+    }
+}

@@ -1,0 +1,513 @@
+//! Lazy eStargz layers (`[images] lazy_pull`): pulled from a real registry (Debian's
+//! docker-registry), served by `sandboxd lazyfs` over FUSE, run before the last byte arrived;
+//! completed in the background into an unpacked layer that later containers stack; unmounted
+//! with the image. And what hostile layers and registries do: a TOC pointing outside the
+//! blob (refused), chunk digests that lie (EIO, not wrong bytes), a registry that ignores
+//! Range (the full pull), one that stops answering ranges mid-way (EIO within the bound, not
+//! a hang).
+
+mod common;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::busybox::{config_of, layer_of, layer_tar, noise, sha, Entry};
+use common::registry::Registry;
+use common::*;
+use sandboxd::image::estargz::{self, WriteOptions};
+use sandboxd::image::Auth;
+use sandboxd::{ContainerConfig, ContainerState};
+
+/// Why the test cannot run here, if it cannot.
+fn no_fuse() -> Option<&'static str> {
+    (!Path::new("/dev/fuse").exists()).then_some("no /dev/fuse on this machine")
+}
+
+/// An eStargz blob of `tar`, its uncompressed stream (for the config's diff id) and its TOC
+/// digest.
+fn estargz_of(tar: &[u8], prefetch: &[&str], chunk: u64) -> (Vec<u8>, Vec<u8>, String) {
+    let mut blob = Vec::new();
+    let w = estargz::write(
+        tar,
+        &mut blob,
+        &WriteOptions {
+            chunk_size: chunk,
+            prefetch: prefetch.iter().map(|s| s.to_string()).collect(),
+        },
+    )
+    .unwrap();
+    (blob.clone(), plain(&blob), w.toc_digest)
+}
+
+fn plain(blob: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    flate2::read::MultiGzDecoder::new(blob)
+        .read_to_end(&mut out)
+        .unwrap();
+    out
+}
+
+/// `blob` with its TOC entries changed by `f` (a new TOC member and footer after the same
+/// file members): the new blob, its plain stream, its TOC digest.
+fn retoc(blob: &[u8], f: impl Fn(&mut Vec<serde_json::Value>)) -> (Vec<u8>, Vec<u8>, String) {
+    let off = estargz::parse_footer(&blob[blob.len() - 51..]).unwrap() as usize;
+    let json = estargz::toc_json(&blob[off..blob.len() - 51]).unwrap();
+    let mut v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    f(v["entries"].as_array_mut().unwrap());
+    let json = serde_json::to_vec(&v).unwrap();
+    let mut h = tar::Header::new_ustar();
+    h.set_path(estargz::TOC_NAME).unwrap();
+    h.set_size(json.len() as u64);
+    h.set_mode(0o444);
+    h.set_cksum();
+    let mut t = h.as_bytes().to_vec();
+    t.extend_from_slice(&json);
+    t.resize(t.len().div_ceil(512) * 512 + 1024, 0);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, &t).unwrap();
+    let mut out = blob[..off].to_vec();
+    out.extend_from_slice(&gz.finish().unwrap());
+    out.extend_from_slice(&estargz::footer(off as u64));
+    let p = plain(&out);
+    (out, p, sha(&json))
+}
+
+fn ann(toc: &str) -> serde_json::Value {
+    serde_json::json!({ estargz::TOC_DIGEST_ANNOTATION: toc })
+}
+
+/// The lazy mounts (mountinfo's mount points of `fuse.sandboxd-lazy`) under `root`.
+fn lazy_mounts(root: &Path) -> Vec<String> {
+    let r = root.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(" - fuse.sandboxd-lazy "))
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .filter(|m| m.starts_with(&r))
+        .collect()
+}
+
+/// The pids of `sandboxd lazyfs` servers of layers under `root`.
+fn servers(root: &Path) -> Vec<i32> {
+    let r = root.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let c = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let c = String::from_utf8_lossy(&c).replace('\0', " ");
+            c.contains(" lazyfs ") && c.contains(&r)
+        })
+        .collect()
+}
+
+/// Bytes of `GET …/blobs/<digest>` answers, by status (docker-registry's access log:
+/// `"GET … HTTP/1.1" 206 1048576 …`).
+fn served(reg: &Registry, digest: &str) -> (u64, u64, usize) {
+    let (mut partial, mut whole, mut n) = (0, 0, 0);
+    for l in reg.blob_requests(digest) {
+        let after = l.split("HTTP/1.1\" ").nth(1).unwrap_or("");
+        let mut it = after.split(' ');
+        let status = it.next().unwrap_or("");
+        let bytes: u64 = it.next().and_then(|b| b.parse().ok()).unwrap_or(0);
+        match status {
+            "206" => {
+                partial += bytes;
+                n += 1;
+            }
+            "200" => whole += bytes,
+            _ => {}
+        }
+    }
+    (partial, whole, n)
+}
+
+fn lazy_runtime(env: &Env) -> sandboxd::Runtime {
+    let mut cfg = env.cfg.clone();
+    cfg.images.lazy_pull = true;
+    cfg.images.lazy_helper = Some(PathBuf::from(env!("CARGO_BIN_EXE_sandboxd")));
+    cfg.images.lazy_fetch_timeout_seconds = 1;
+    // What the pull and the first container fetch is seen apart from the background's.
+    cfg.images.lazy_background_delay_seconds = 8;
+    sandboxd::Runtime::new(cfg).unwrap()
+}
+
+fn wait_until(what: &str, limit: Duration, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn run_to_exit(
+    rt: &sandboxd::Runtime,
+    env: &Env,
+    sb: &str,
+    image: &str,
+    name: &str,
+    cmd: &str,
+) -> (String, String) {
+    let c = ContainerConfig {
+        metadata: sandboxd::ContainerMetadata {
+            name: name.into(),
+            attempt: 0,
+        },
+        image: image.into(),
+        command: vec!["sh".into(), "-c".into(), cmd.into()],
+        log_path: format!("{name}.log"),
+        ..Default::default()
+    };
+    let id = rt.create_container(sb, &c).unwrap();
+    rt.start_container(&id).unwrap();
+    wait_until("the container exits", Duration::from_secs(30), || {
+        rt.container_status(&id).unwrap().state == ContainerState::Exited
+    });
+    let log = std::fs::read_to_string(env.base.join(format!("logs/{name}.log"))).unwrap();
+    (id, log)
+}
+
+/// The lowerdirs of the rootfs overlay mounted at `rootfs`.
+fn lowerdirs(rootfs: &Path) -> String {
+    let r = rootfs.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(r.as_str()))
+        .and_then(|l| l.split("lowerdir=").nth(1))
+        .map(|s| s.split(',').next().unwrap_or("").to_string())
+        .unwrap_or_default()
+}
+
+#[test]
+fn lazy_pull_runs_before_the_layer_arrives_then_completes_and_unmounts() {
+    if let Some(why) = no_fuse() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let env = Env::new("lazy-run");
+    let reg = Registry::start(&env.base.join("registry"), None);
+    // busybox, its binary prefetched; a 48 MiB data layer of which the container reads 6 bytes.
+    let (bb, bb_plain, bb_toc) = estargz_of(&layer_tar(), &["bin/busybox"], 4 << 20);
+    let big = noise(48 << 20, 0x2545_f491_4f6c_dd1d);
+    let data_tar = layer_of(&[
+        Entry::File("data/big.bin", &big),
+        Entry::File("data/hello", b"hello\n"),
+        Entry::Symlink("data/link", "hello"),
+    ]);
+    let (data, data_plain, data_toc) = estargz_of(&data_tar, &[], 1 << 20);
+    let config = config_of(&[&bb_plain, &data_plain], &["sh"]);
+    reg.push_annotated(
+        "test/lazy",
+        "1",
+        &[(bb.clone(), ann(&bb_toc)), (data.clone(), ann(&data_toc))],
+        &config,
+    );
+    let rt = lazy_runtime(&env);
+    let name = format!("{}/test/lazy:1", reg.addr);
+    let img = rt.pull_image(&name, &Auth::default()).unwrap();
+    let root = &env.cfg.root;
+    let mounts = lazy_mounts(root);
+    assert_eq!(mounts.len(), 2, "two lazy mounts: {mounts:?}");
+    let data_dir = root
+        .join("images/lazy")
+        .join(&img.layers[1]["sha256:".len()..]);
+    // What the pull fetched of the big layer: its footer and TOC, by range, nothing whole.
+    let (partial, whole, _) = served(&reg, &sha(&data));
+    assert_eq!(whole, 0, "the big layer was fetched whole");
+    assert!(
+        partial < 64 << 10,
+        "the pull fetched {partial} bytes of the big layer"
+    );
+    // The tree is there at once, with its modes, sizes and links.
+    let mnt = data_dir.join("mnt");
+    let meta = std::fs::metadata(mnt.join("data/big.bin")).unwrap();
+    assert_eq!(meta.len(), big.len() as u64);
+    assert_eq!(
+        std::fs::read_link(mnt.join("data/link")).unwrap(),
+        Path::new("hello")
+    );
+    assert!(!mnt.join(estargz::TOC_NAME).exists());
+    // The modes are the layer's; nothing is writable, not even for root.
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(mnt.join("data/hello"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777,
+        0o644
+    );
+    let e = std::fs::OpenOptions::new()
+        .write(true)
+        .open(mnt.join("data/hello"))
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+
+    // A container runs from the lazy layers and prints what it read.
+    let mut pod = env.pod("lazy", false);
+    pod.log_directory = env.base.join("logs").to_string_lossy().into();
+    let sb = rt.run_pod_sandbox(&pod).unwrap();
+    let (first, log) = run_to_exit(
+        &rt,
+        &env,
+        &sb,
+        &name,
+        "first",
+        "cat /data/hello; head -c 100 /data/big.bin | wc -c",
+    );
+    assert!(
+        log.contains("stdout F hello") && log.contains("stdout F 100"),
+        "{log}"
+    );
+    // A byte deep in the big file is what the layer holds.
+    let f = std::fs::File::open(mnt.join("data/big.bin")).unwrap();
+    let mut b = [0u8; 16];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, 40 << 20).unwrap();
+    assert_eq!(&b, &big[40 << 20..(40 << 20) + 16]);
+    drop(f);
+
+    // The background fetch completes each layer: unpacked (diff id checked) beside the mount.
+    for l in &img.layers {
+        let d = root.join("images/layers").join(&l["sha256:".len()..]);
+        wait_until(
+            "the layer is completed and unpacked",
+            Duration::from_secs(120),
+            || d.is_dir(),
+        );
+    }
+    let unpacked = root
+        .join("images/layers")
+        .join(&img.layers[1]["sha256:".len()..]);
+    assert_eq!(std::fs::read(unpacked.join("data/big.bin")).unwrap(), big);
+    assert!(!unpacked.join(estargz::TOC_NAME).exists());
+    assert!(!unpacked.join(estargz::NO_PREFETCH_LANDMARK).exists());
+    let (partial, whole, requests) = served(&reg, &sha(&data));
+    assert_eq!(whole, 0);
+    assert!(
+        partial >= data.len() as u64 && partial < data.len() as u64 + (4 << 20),
+        "the big layer came in {requests} ranges of {partial} bytes, the blob is {}",
+        data.len()
+    );
+    // A container made now stacks the unpacked layers; the first one kept its lazy mount.
+    let c = ContainerConfig {
+        metadata: sandboxd::ContainerMetadata {
+            name: "second".into(),
+            attempt: 0,
+        },
+        image: name.clone(),
+        command: vec!["cat".into(), "/data/hello".into()],
+        log_path: "second.log".into(),
+        ..Default::default()
+    };
+    let second = rt.create_container(&sb, &c).unwrap();
+    let rootfs = root.join("containers").join(&second).join("rootfs");
+    let lower = lowerdirs(&rootfs);
+    assert!(
+        lower.contains("/images/layers/") && !lower.contains("/images/lazy/"),
+        "{lower}"
+    );
+    let lower_first = lowerdirs(&root.join("containers").join(&first).join("rootfs"));
+    assert!(lower_first.contains("/images/lazy/"), "{lower_first}");
+
+    // The image goes: its lazy layers are unmounted and their servers end.
+    assert_eq!(servers(root).len(), 2, "one server per lazy layer");
+    rt.remove_container(&second).unwrap();
+    rt.remove_container(&first).unwrap();
+    rt.remove_pod_sandbox(&sb).unwrap();
+    rt.remove_image(&name).unwrap();
+    assert!(lazy_mounts(root).is_empty(), "{:?}", lazy_mounts(root));
+    wait_until("the servers end", Duration::from_secs(10), || {
+        servers(root).is_empty()
+    });
+    assert!(!root.join("images/lazy").read_dir().unwrap().any(|_| true));
+    env.assert_no_leaks();
+}
+
+/// A TOC that points outside the blob is refused at pull; one whose chunk digests lie is
+/// served, and reading the lying file fails with EIO rather than giving the bytes.
+#[test]
+fn hostile_tocs_refused_and_lying_chunks_read_as_eio() {
+    if let Some(why) = no_fuse() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let env = Env::new("lazy-hostile");
+    let reg = Registry::start(&env.base.join("registry"), None);
+    let tar = layer_of(&[
+        Entry::File("ok", b"fine\n"),
+        Entry::File("liar", &noise(3 << 20, 7)),
+    ]);
+    let (blob, _, _) = estargz_of(&tar, &[], 1 << 20);
+    let rt = lazy_runtime(&env);
+    // 1. A chunk offset past the TOC.
+    let (outside, outside_plain, outside_toc) = retoc(&blob, |es| {
+        for e in es.iter_mut().filter(|e| e["name"] == "liar") {
+            e["offset"] = serde_json::json!(1u64 << 40);
+        }
+    });
+    reg.push_annotated(
+        "test/outside",
+        "1",
+        &[(outside, ann(&outside_toc))],
+        &config_of(&[&outside_plain], &["sh"]),
+    );
+    let e = rt
+        .pull_image(&format!("{}/test/outside:1", reg.addr), &Auth::default())
+        .unwrap_err();
+    assert!(
+        matches!(e, sandboxd::Error::InvalidArgument(_))
+            && e.to_string().contains("not before the TOC"),
+        "{e}"
+    );
+    // 2. The TOC's digest annotation does not match the TOC.
+    let (honest, honest_plain, _) = retoc(&blob, |_| {});
+    reg.push_annotated(
+        "test/wrongtoc",
+        "1",
+        &[(honest, ann(&format!("sha256:{}", "0".repeat(64))))],
+        &config_of(&[&honest_plain], &["sh"]),
+    );
+    let e = rt
+        .pull_image(&format!("{}/test/wrongtoc:1", reg.addr), &Auth::default())
+        .unwrap_err();
+    assert!(e.to_string().contains("annotation says"), "{e}");
+    assert!(lazy_mounts(&env.cfg.root).is_empty());
+    // 3. Chunk digests that lie: the second chunk of "liar" claims other bytes.
+    let (lying, lying_plain, lying_toc) = retoc(&blob, |es| {
+        for e in es
+            .iter_mut()
+            .filter(|e| e["name"] == "liar" && e["type"] == "chunk")
+        {
+            e["chunkDigest"] = serde_json::json!(format!("sha256:{}", "ab".repeat(32)));
+        }
+    });
+    reg.push_annotated(
+        "test/lying",
+        "1",
+        &[(lying, ann(&lying_toc))],
+        &config_of(&[&lying_plain], &["sh"]),
+    );
+    let name = format!("{}/test/lying:1", reg.addr);
+    let img = rt.pull_image(&name, &Auth::default()).unwrap();
+    let mnt = env
+        .cfg
+        .root
+        .join("images/lazy")
+        .join(&img.layers[0]["sha256:".len()..])
+        .join("mnt");
+    assert_eq!(std::fs::read(mnt.join("ok")).unwrap(), b"fine\n");
+    let f = std::fs::File::open(mnt.join("liar")).unwrap();
+    let mut b = vec![0u8; 4096];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, 0).unwrap();
+    let e = std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, (1 << 20) + 10).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    drop(f);
+    rt.remove_image(&name).unwrap();
+    assert!(lazy_mounts(&env.cfg.root).is_empty());
+    wait_until("the server ends", Duration::from_secs(10), || {
+        servers(&env.cfg.root).is_empty()
+    });
+    env.assert_no_leaks();
+}
+
+/// A registry that ignores `Range` (answers 200 with the whole blob): the layer is pulled
+/// whole, as any other; a registry that stops answering range requests after the TOC: a read
+/// of a file not fetched yet fails with EIO within the bound, and the server keeps serving
+/// what it has.
+#[test]
+fn registries_that_ignore_or_drop_ranges() {
+    use common::fake_registry::{Answer, FakeRegistry};
+    if let Some(why) = no_fuse() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let env = Env::new("lazy-ranges");
+    let tar = layer_of(&[
+        Entry::File("f", &noise(2 << 20, 11)),
+        Entry::File("g", b"gee\n"),
+    ]);
+    let (blob, plain, toc) = estargz_of(&tar, &[], 1 << 20);
+    let config = config_of(&[&plain], &["sh"]);
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": sha(&config), "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": sha(&blob), "size": blob.len(), "annotations": ann(&toc)}],
+    }))
+    .unwrap();
+    let toc_off = estargz::parse_footer(&blob[blob.len() - 51..]).unwrap() as usize;
+    let route = {
+        let (manifest, config, blob) = (manifest.clone(), config.clone(), blob.clone());
+        move |path: &str, range: Option<(usize, usize)>, ranged: bool| -> Option<Answer> {
+            if path.contains("/manifests/") {
+                return Some(Answer::json(
+                    manifest.clone(),
+                    "application/vnd.oci.image.manifest.v1+json",
+                ));
+            }
+            if path.ends_with(&sha(&config)) {
+                return Some(Answer::json(config.clone(), "application/octet-stream"));
+            }
+            if !path.ends_with(&sha(&blob)) {
+                return None;
+            }
+            match (ranged, range) {
+                (true, Some((s, e))) if s >= toc_off => {
+                    let mut a = Answer::json(blob[s..=e].to_vec(), "application/octet-stream");
+                    a.status = 206;
+                    a.headers
+                        .push(format!("Content-Range: bytes {s}-{e}/{}", blob.len()));
+                    Some(a)
+                }
+                // File content asked for: an error (the registry broke after the pull).
+                (true, Some(_)) => Some(Answer {
+                    status: 503,
+                    ..Answer::json(b"down".to_vec(), "text/plain")
+                }),
+                _ => Some(Answer::json(blob.clone(), "application/octet-stream")),
+            }
+        }
+    };
+    let rt = lazy_runtime(&env);
+    // 1. Ranges ignored: the whole layer, unpacked, no lazy mount.
+    let whole = {
+        let route = route.clone();
+        FakeRegistry::start_with_range(move |p, r| route(p, r, false))
+    };
+    let img = rt
+        .pull_image(&format!("{}/test/whole:1", whole.addr), &Auth::default())
+        .unwrap();
+    assert!(rt.images().has_layer(&img.layers[0]));
+    assert!(lazy_mounts(&env.cfg.root).is_empty());
+    rt.remove_image(&img.id).unwrap();
+    // 2. Content ranges fail: the pull (footer, TOC) works, a read fails with EIO in bounded
+    // time (1 s a request, three attempts).
+    let broken = FakeRegistry::start_with_range(move |p, r| route(p, r, true));
+    let img = rt
+        .pull_image(&format!("{}/test/broken:1", broken.addr), &Auth::default())
+        .unwrap();
+    let mnt = env
+        .cfg
+        .root
+        .join("images/lazy")
+        .join(&img.layers[0]["sha256:".len()..])
+        .join("mnt");
+    assert_eq!(std::fs::metadata(mnt.join("g")).unwrap().len(), 4);
+    let t = Instant::now();
+    let e = std::fs::read(mnt.join("g")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "EIO after {:?}",
+        t.elapsed()
+    );
+    rt.remove_image(&img.id).unwrap();
+    assert!(lazy_mounts(&env.cfg.root).is_empty());
+    wait_until("the server ends", Duration::from_secs(10), || {
+        servers(&env.cfg.root).is_empty()
+    });
+    env.assert_no_leaks();
+}
