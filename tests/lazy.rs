@@ -247,6 +247,11 @@ fn lazy_pull_runs_before_the_layer_arrives_then_completes_and_unmounts() {
         .unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
 
+    // A daemon restart leaves the servers serving (their own sessions) and the image listed.
+    drop(rt);
+    let rt = lazy_runtime(&env);
+    assert_eq!(lazy_mounts(root).len(), 2);
+    assert!(rt.images().get(&name).is_some());
     // A container runs from the lazy layers and prints what it read.
     let mut pod = env.pod("lazy", false);
     pod.log_directory = env.base.join("logs").to_string_lossy().into();
@@ -406,11 +411,28 @@ fn hostile_tocs_refused_and_lying_chunks_read_as_eio() {
     let e = std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, (1 << 20) + 10).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
     drop(f);
-    rt.remove_image(&name).unwrap();
-    assert!(lazy_mounts(&env.cfg.root).is_empty());
-    wait_until("the server ends", Duration::from_secs(10), || {
+    // 4. The server killed (as a reboot would end it): the next start removes the layer and
+    // drops the image that named it, so kubelet pulls it again.
+    for pid in servers(&env.cfg.root) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
+    }
+    wait_until("the server dies", Duration::from_secs(10), || {
         servers(&env.cfg.root).is_empty()
     });
+    drop(rt);
+    let rt = lazy_runtime(&env);
+    assert!(
+        rt.images().get(&name).is_none(),
+        "the image of a lost lazy layer is still listed"
+    );
+    assert!(lazy_mounts(&env.cfg.root).is_empty());
+    assert!(!env
+        .cfg
+        .root
+        .join("images/lazy")
+        .join(&img.layers[0]["sha256:".len()..])
+        .exists());
+    drop(rt);
     env.assert_no_leaks();
 }
 
