@@ -293,6 +293,18 @@ pub enum ImagesCmd {
     Inspect { image: String },
     /// Remove images.
     Rm { images: Vec<String> },
+    /// Convert the image of an OCI image layout dir in place to eStargz layers (each layer
+    /// with its TOC digest annotation), for lazy pulls (`[images] lazy_pull`); runs locally.
+    Estargz {
+        /// The OCI image layout dir (one image manifest in its index.json).
+        layout: PathBuf,
+        /// A file (path in the image) to put first, before the prefetch landmark (repeatable).
+        #[arg(long)]
+        prefetch: Vec<String>,
+        /// Bytes per chunk of a regular file.
+        #[arg(long, default_value_t = 4 << 20)]
+        chunk_size: u64,
+    },
 }
 
 #[cfg(test)]

@@ -19,6 +19,85 @@ fn images_client(ch: &Channel) -> ImageServiceClient<Channel> {
 
 /// `images import` needs no daemon: it writes the store under the state root (the store's
 /// index is locked, so a running daemon sees the image on its next call).
+/// Converts the one image of OCI layout `dir` to eStargz layers, in place: new layer blobs,
+/// config (diff ids) and manifest (layer annotations), the index pointing at it. Prints each
+/// layer's old and new digest with its TOC digest.
+pub fn estargz(dir: &Path, prefetch: &[String], chunk_size: u64) -> Result<(), String> {
+    use sandboxd::image::estargz::{self, WriteOptions};
+    use std::io::Read;
+    let blob = |d: &str| -> Result<std::path::PathBuf, String> {
+        let hex = d
+            .strip_prefix("sha256:")
+            .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+            .ok_or_else(|| format!("digest {d:?}"))?;
+        Ok(dir.join("blobs/sha256").join(hex))
+    };
+    let read_json = |p: &Path| -> Result<serde_json::Value, String> {
+        let b = std::fs::read(p).map_err(|e| format!("read {}: {e}", p.display()))?;
+        serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", p.display()))
+    };
+    let put = |bytes: &[u8]| -> Result<(String, u64), String> {
+        let d = sandboxd::image::store::sha256_of(bytes);
+        std::fs::write(blob(&d)?, bytes).map_err(|e| format!("write blob {d}: {e}"))?;
+        Ok((d, bytes.len() as u64))
+    };
+    let index_path = dir.join("index.json");
+    let mut index = read_json(&index_path)?;
+    let entries = index["manifests"]
+        .as_array()
+        .filter(|m| m.len() == 1)
+        .ok_or("the layout's index.json must name exactly one manifest")?;
+    let mdigest = entries[0]["digest"].as_str().unwrap_or("").to_string();
+    let mut manifest = read_json(&blob(&mdigest)?)?;
+    if manifest["layers"].as_array().is_none() {
+        return Err(format!("{mdigest} is no image manifest"));
+    }
+    let cdigest = manifest["config"]["digest"].as_str().unwrap_or("").to_string();
+    let mut config = read_json(&blob(&cdigest)?)?;
+    let opts = WriteOptions {
+        chunk_size,
+        prefetch: prefetch.to_vec(),
+    };
+    let layers = manifest["layers"].as_array().cloned().unwrap_or_default();
+    let mut new_layers = Vec::new();
+    for (i, l) in layers.iter().enumerate() {
+        let d = l["digest"].as_str().unwrap_or("");
+        let f = std::fs::File::open(blob(d)?).map_err(|e| format!("layer {d}: {e}"))?;
+        let mut tar = Vec::new();
+        sandboxd::image::unpack::decompress(Box::new(f))
+            .map_err(|e| format!("layer {d}: {e}"))?
+            .read_to_end(&mut tar)
+            .map_err(|e| format!("layer {d}: {e}"))?;
+        let mut out = Vec::new();
+        let w = estargz::write(&tar, &mut out, &opts).map_err(|e| format!("layer {d}: {e}"))?;
+        put(&out)?;
+        println!("{d} -> {} (toc {})", w.digest, w.toc_digest);
+        config["rootfs"]["diff_ids"][i] = serde_json::json!(w.diff_id);
+        new_layers.push(serde_json::json!({
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": w.digest,
+            "size": w.size,
+            "annotations": {
+                estargz::TOC_DIGEST_ANNOTATION: w.toc_digest,
+                estargz::UNCOMPRESSED_SIZE_ANNOTATION: w.uncompressed_size.to_string(),
+            },
+        }));
+    }
+    let (cd, cs) = put(&serde_json::to_vec(&config).map_err(|e| e.to_string())?)?;
+    manifest["config"]["digest"] = serde_json::json!(cd);
+    manifest["config"]["size"] = serde_json::json!(cs);
+    manifest["layers"] = serde_json::Value::Array(new_layers);
+    let (md, ms) = put(&serde_json::to_vec(&manifest).map_err(|e| e.to_string())?)?;
+    index["manifests"][0]["digest"] = serde_json::json!(md);
+    index["manifests"][0]["size"] = serde_json::json!(ms);
+    index["manifests"][0]["mediaType"] =
+        serde_json::json!("application/vnd.oci.image.manifest.v1+json");
+    std::fs::write(&index_path, serde_json::to_vec(&index).map_err(|e| e.to_string())?)
+        .map_err(|e| format!("write {}: {e}", index_path.display()))?;
+    println!("manifest {md}");
+    Ok(())
+}
+
 pub fn import(file: &Path, name: Option<&str>, root: &Path) -> Result<(), String> {
     let store = sandboxd::image::ImageStore::new(root.join("images")).map_err(|e| e.to_string())?;
     for img in store.import(file, name).map_err(|e| e.to_string())? {
@@ -34,7 +113,9 @@ pub fn import(file: &Path, name: Option<&str>, root: &Path) -> Result<(), String
 pub async fn images(ch: &Channel, cmd: ImagesCmd, json: bool) -> Result<(), String> {
     let mut c = images_client(ch);
     match cmd {
-        ImagesCmd::Import { .. } => unreachable!("handled without a connection"),
+        ImagesCmd::Import { .. } | ImagesCmd::Estargz { .. } => {
+            unreachable!("handled without a connection")
+        }
         ImagesCmd::List { quiet } => {
             let images = c
                 .list_images(cri::ListImagesRequest { filter: None })

@@ -89,6 +89,17 @@ async fn run(cli: Cli) -> Result<(), String> {
     {
         return images::import(file, name.as_deref(), root);
     }
+    if let Cmd::Images {
+        cmd:
+            Some(ImagesCmd::Estargz {
+                layout,
+                prefetch,
+                chunk_size,
+            }),
+    } = &cli.command
+    {
+        return images::estargz(layout, prefetch, *chunk_size);
+    }
     let ch = client::connect(&cli.endpoint, Duration::from_secs(cli.timeout)).await?;
     let mut c = runtime_client(&ch);
     let json = cli.output == Output::Json;

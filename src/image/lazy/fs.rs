@@ -121,6 +121,16 @@ fn path_of(tree: &Tree, mut i: u32) -> String {
 }
 
 impl Filesystem for LazyFs {
+    /// Idmapped mounts of the layer (a pod with its own user namespace stacks its layers
+    /// idmapped) where the kernel offers them to FUSE (6.12 on): the kernel checks the
+    /// modes, and nothing here is written.
+    fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
+        if config.add_capabilities(fuser::InitFlags::FUSE_ALLOW_IDMAP).is_err() {
+            tracing::debug!(layer = %self.blob.digest, "the kernel offers FUSE no idmapped mounts");
+        }
+        Ok(())
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let Some(p) = self.node(parent) else {
             return reply.error(Errno::ENOENT);
