@@ -23,9 +23,11 @@ pub const BLOCK: u64 = 1 << 20;
 /// Most bytes one background request asks for.
 const RUN: u64 = 16 << 20;
 /// Decompressed chunks kept for the reads that follow.
-const CACHE_BYTES: u64 = 64 << 20;
+const CACHE_BYTES: u64 = 32 << 20;
 /// Attempts per range request.
 const ATTEMPTS: u32 = 3;
+/// The background fetch waits while a read had to fetch in the last this many ms.
+const YIELD_MS: u64 = 150;
 
 pub struct Blob {
     file: File,
@@ -37,6 +39,10 @@ pub struct Blob {
     reg: Registry,
     rt: tokio::runtime::Handle,
     timeout: Duration,
+    /// When (ms after `born`) a read last had to wait for the registry: the background
+    /// fetch yields to such reads.
+    last_foreground: AtomicU64,
+    born: Instant,
     /// Bytes and requests fetched so far.
     pub fetched: AtomicU64,
     pub requests: AtomicU64,
@@ -73,6 +79,8 @@ impl Blob {
             reg,
             rt,
             timeout,
+            last_foreground: AtomicU64::new(0),
+            born: Instant::now(),
             fetched: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             cache: Mutex::default(),
@@ -95,6 +103,16 @@ impl Blob {
     /// Makes bytes `start..end` present: fetches the missing blocks nobody is fetching (in
     /// runs of contiguous blocks), waits for those somebody is.
     pub fn ensure(&self, start: u64, end: u64) -> Result<(), String> {
+        self.ensure_as(start, end, true)
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.born.elapsed().as_millis() as u64 + 1
+    }
+
+    /// [`Blob::ensure`] for a reader (`foreground`: the background fetch yields to it) or
+    /// for the background.
+    fn ensure_as(&self, start: u64, end: u64, foreground: bool) -> Result<(), String> {
         let end = end.min(self.size);
         if start >= end {
             return Ok(());
@@ -120,6 +138,9 @@ impl Blob {
             }
             if mine.is_empty() && !theirs {
                 return Ok(());
+            }
+            if foreground {
+                self.last_foreground.store(self.now_ms(), Ordering::Relaxed);
             }
             if !mine.is_empty() {
                 let r = self.fetch_blocks(&mine);
@@ -260,8 +281,9 @@ impl Blob {
     }
 
     /// Fetches everything missing: `first` (the prefetch range) first, then the rest in
-    /// order, by `workers` threads at once; then checks the whole blob's digest.
-    pub fn complete(&self, first: u64, workers: usize) -> Result<(), String> {
+    /// order, by `workers` threads at once, each yielding while reads wait for the registry
+    /// (a read that had to fetch in the last [`YIELD`]).
+    pub fn fetch_all(&self, first: u64, workers: usize) -> Result<(), String> {
         let mut runs = Vec::new();
         let mut at = 0;
         let first = first.min(self.size);
@@ -283,32 +305,31 @@ impl Blob {
                     if crate::state::lock(&failed).is_some() {
                         return;
                     }
-                    if let Err(e) = self.ensure(a, b) {
+                    while self.now_ms() < self.last_foreground.load(Ordering::Relaxed) + YIELD_MS {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    if let Err(e) = self.ensure_as(a, b, false) {
                         *crate::state::lock(&failed) = Some(e);
                         return;
                     }
                 });
             }
         });
-        if let Some(e) = failed.into_inner().unwrap_or_default() {
-            return Err(e);
+        match failed.into_inner().unwrap_or_default() {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
-        let mut h = sha2::Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        let mut off = 0u64;
-        while off < self.size {
-            let n = buf.len().min((self.size - off) as usize);
-            self.file
-                .read_exact_at(&mut buf[..n], off)
-                .map_err(|e| format!("layer {}: read the blob cache: {e}", self.digest))?;
-            h.update(&buf[..n]);
-            off += n as u64;
+    }
+
+    /// The whole blob from its start, fetched as read (beside [`Blob::fetch_all`]), its
+    /// sha256 checked against the layer digest at its end: a mismatch is a read error, so
+    /// an unpack of it fails rather than commits.
+    pub fn verified_reader(&self) -> Verified<'_> {
+        Verified {
+            inner: self.reader(),
+            hash: sha2::Sha256::new(),
+            read: 0,
         }
-        let got = format!("sha256:{}", super::super::unpack::hex(&h.finalize()));
-        if got != self.digest {
-            return Err(format!("layer {}: the fetched blob is {got}", self.digest));
-        }
-        Ok(())
     }
 
     /// The blob from its start, for unpacking once complete.
@@ -346,5 +367,33 @@ impl Read for Reader<'_> {
         let k = self.blob.file.read_at(&mut buf[..n], self.pos)?;
         self.pos += k as u64;
         Ok(k)
+    }
+}
+
+/// [`Blob::verified_reader`].
+pub struct Verified<'a> {
+    inner: Reader<'a>,
+    hash: sha2::Sha256,
+    read: u64,
+}
+
+impl Read for Verified<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        self.read += n as u64;
+        if n == 0 && !buf.is_empty() {
+            let got = format!(
+                "sha256:{}",
+                super::super::unpack::hex(&self.hash.clone().finalize())
+            );
+            if self.read != self.inner.blob.size || got != self.inner.blob.digest {
+                return Err(std::io::Error::other(format!(
+                    "layer {}: the fetched blob is {got} ({} bytes)",
+                    self.inner.blob.digest, self.read
+                )));
+            }
+        }
+        Ok(n)
     }
 }

@@ -175,17 +175,28 @@ fn mount(mnt: &Path) -> Result<OwnedFd, String> {
     Ok(fuse)
 }
 
-/// Fetches the rest of the layer, checks it, unpacks it into the store (diff id checked),
-/// and marks the layer complete.
+/// Fetches the rest of the layer beside unpacking it as it arrives (the blob's digest and
+/// the diff id checked before the layer is committed), and marks the layer complete. Runs at
+/// the lowest CPU and I/O priority, and its fetches yield to reads: the containers' own
+/// reads come first.
 fn complete(blob: &Blob, spec: &Spec, dir: &Path, prefetch: u64) {
+    background_priority();
     let started = Instant::now();
-    if let Err(e) = blob.complete(prefetch, 3) {
+    let store = ImageStore::for_layer_server(spec.store.clone(), spec.store_cfg.clone());
+    let (fetched, unpacked) = std::thread::scope(|s| {
+        let fetch = s.spawn(|| blob.fetch_all(prefetch, 3));
+        let unpacked = store.unpack_layer_without(
+            &spec.diff_id,
+            Box::new(blob.verified_reader()),
+            &estargz::META_NAMES,
+        );
+        (fetch.join(), unpacked)
+    });
+    if let Ok(Err(e)) = fetched {
         tracing::error!(layer = %spec.digest, error = %e, "lazy layer: background fetch failed; files are still fetched as read");
         return;
     }
-    let fetched_s = started.elapsed().as_secs_f64();
-    let store = ImageStore::for_layer_server(spec.store.clone(), spec.store_cfg.clone());
-    match store.unpack_layer_without(&spec.diff_id, Box::new(blob.reader()), &estargz::META_NAMES) {
+    match unpacked {
         Ok(a) => {
             let _ = crate::state::files::write_private(&dir.join("complete"), b"");
             tracing::info!(
@@ -193,7 +204,6 @@ fn complete(blob: &Blob, spec: &Spec, dir: &Path, prefetch: u64) {
                 diff_id = %spec.diff_id,
                 bytes = spec.size,
                 requests = blob.requests.load(std::sync::atomic::Ordering::Relaxed),
-                fetch_seconds = fetched_s,
                 seconds = started.elapsed().as_secs_f64(),
                 entries = a.entries,
                 "lazy layer complete: unpacked for the containers created from now on"
@@ -202,5 +212,16 @@ fn complete(blob: &Blob, spec: &Spec, dir: &Path, prefetch: u64) {
         Err(e) => {
             tracing::error!(layer = %spec.digest, error = %e, "lazy layer: unpacking the completed layer failed")
         }
+    }
+}
+
+/// This thread (and those it starts) at nice 19 and the idle I/O class.
+fn background_priority() {
+    // SAFETY: gettid, setpriority and ioprio_set on this thread, with constant arguments.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, 19);
+        // IOPRIO_WHO_PROCESS = 1, IOPRIO_CLASS_IDLE = 3 << 13.
+        libc::syscall(libc::SYS_ioprio_set, 1, tid, 3 << 13);
     }
 }
