@@ -533,3 +533,82 @@ fn registries_that_ignore_or_drop_ranges() {
     });
     env.assert_no_leaks();
 }
+
+/// A pod with its own user namespace stacks lazy layers idmapped (FUSE takes idmapped mounts
+/// where the kernel offers them to a server that asks, 6.12 on): the image's files are root's
+/// in the pod and read through the lazy view.
+#[test]
+fn lazy_layers_in_a_user_namespace_pod() {
+    if let Some(why) = no_fuse() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let env = Env::new("lazy-userns");
+    let reg = Registry::start(&env.base.join("registry"), None);
+    let (bb, bb_plain, bb_toc) = estargz_of(&layer_tar(), &[], 4 << 20);
+    let data_tar = layer_of(&[Entry::File("data/hello", b"hello from the lazy layer\n")]);
+    let (data, data_plain, data_toc) = estargz_of(&data_tar, &[], 1 << 20);
+    reg.push_annotated(
+        "test/lazy-userns",
+        "1",
+        &[(bb, ann(&bb_toc)), (data, ann(&data_toc))],
+        &config_of(&[&bb_plain, &data_plain], &["sh"]),
+    );
+    let mut cfg = env.cfg.clone();
+    cfg.images.lazy_pull = true;
+    cfg.images.lazy_helper = Some(PathBuf::from(env!("CARGO_BIN_EXE_sandboxd")));
+    // The background fetch waits: the container must read through the FUSE view.
+    cfg.images.lazy_background_delay_seconds = 600;
+    let rt = sandboxd::Runtime::new(cfg).unwrap();
+    let name = format!("{}/test/lazy-userns:1", reg.addr);
+    rt.pull_image(&name, &Auth::default()).unwrap();
+    const HOST: u32 = 65536 * 213;
+    let map = vec![sandboxd::model::sandbox::IdMapping {
+        container_id: 0,
+        host_id: HOST,
+        length: 65536,
+    }];
+    let mut pod = env.pod("lazy-userns", false);
+    pod.log_directory = env.base.join("logs").to_string_lossy().into();
+    pod.user_namespace = Some(sandboxd::model::sandbox::IdMap {
+        uids: map.clone(),
+        gids: map,
+    });
+    let sb = match rt.run_pod_sandbox(&pod) {
+        Ok(sb) => sb,
+        Err(sandboxd::Error::Unimplemented(why)) => {
+            eprintln!("SKIPPED: this node offers no user namespaces: {why}");
+            rt.remove_image(&name).unwrap();
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let (id, log) = run_to_exit(
+        &rt,
+        &env,
+        &sb,
+        &name,
+        "reader",
+        "cat /data/hello; stat -c owner=%u /data/hello",
+    );
+    assert!(
+        log.contains("stdout F hello from the lazy layer") && log.contains("stdout F owner=0"),
+        "{log}"
+    );
+    let root = &env.cfg.root;
+    assert!(
+        !root
+            .join("images/layers")
+            .join(&rt.images().get(&name).unwrap().layers[1]["sha256:".len()..])
+            .exists(),
+        "the layer was unpacked: the container did not read the lazy view"
+    );
+    rt.remove_container(&id).unwrap();
+    rt.remove_pod_sandbox(&sb).unwrap();
+    rt.remove_image(&name).unwrap();
+    assert!(lazy_mounts(root).is_empty(), "{:?}", lazy_mounts(root));
+    wait_until("the servers end", Duration::from_secs(10), || {
+        servers(root).is_empty()
+    });
+    env.assert_no_leaks();
+}

@@ -85,6 +85,11 @@ pub fn disk_usage(path: &Path) -> (u64, u64) {
     let Ok(root) = Dir::open(path, flags, Mode::empty()) else {
         return (0, 0);
     };
+    // Within the filesystem `path` is on: a mount below it (a lazy layer's FUSE view in the
+    // image store) is not this filesystem's use.
+    let Ok(dev) = nix::sys::stat::fstat(&root).map(|s| s.st_dev) else {
+        return (0, 0);
+    };
     let (mut bytes, mut inodes) = (0u64, 0u64);
     // Each level: the open dir and the names of its subdirs still to visit.
     let mut stack: Vec<Dir> = vec![root];
@@ -107,7 +112,7 @@ pub fn disk_usage(path: &Path) -> (u64, u64) {
                 };
                 inodes += 1;
                 bytes += (st.st_blocks as u64).saturating_mul(512);
-                if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                if st.st_mode & libc::S_IFMT == libc::S_IFDIR && st.st_dev == dev {
                     subdirs.push(name);
                 }
             }

@@ -52,7 +52,10 @@ pub fn estargz(dir: &Path, prefetch: &[String], chunk_size: u64) -> Result<(), S
     if manifest["layers"].as_array().is_none() {
         return Err(format!("{mdigest} is no image manifest"));
     }
-    let cdigest = manifest["config"]["digest"].as_str().unwrap_or("").to_string();
+    let cdigest = manifest["config"]["digest"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
     let mut config = read_json(&blob(&cdigest)?)?;
     let opts = WriteOptions {
         chunk_size,
@@ -92,8 +95,11 @@ pub fn estargz(dir: &Path, prefetch: &[String], chunk_size: u64) -> Result<(), S
     index["manifests"][0]["size"] = serde_json::json!(ms);
     index["manifests"][0]["mediaType"] =
         serde_json::json!("application/vnd.oci.image.manifest.v1+json");
-    std::fs::write(&index_path, serde_json::to_vec(&index).map_err(|e| e.to_string())?)
-        .map_err(|e| format!("write {}: {e}", index_path.display()))?;
+    std::fs::write(
+        &index_path,
+        serde_json::to_vec(&index).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| format!("write {}: {e}", index_path.display()))?;
     println!("manifest {md}");
     Ok(())
 }

@@ -21,7 +21,7 @@ use super::super::registry::Registry;
 /// The unit of fetching.
 pub const BLOCK: u64 = 1 << 20;
 /// Most bytes one background request asks for.
-const RUN: u64 = 16 << 20;
+const RUN: u64 = 4 << 20;
 /// Decompressed chunks kept for the reads that follow.
 const CACHE_BYTES: u64 = 32 << 20;
 /// Attempts per range request.
@@ -34,7 +34,9 @@ pub struct Blob {
     pub size: u64,
     pub digest: String,
     present: Vec<AtomicU64>,
-    inflight: Mutex<HashSet<u64>>,
+    /// Blocks being fetched: by readers, and by the background (a reader never waits for
+    /// the background's: it fetches such a block itself).
+    inflight: Mutex<Inflight>,
     landed: Condvar,
     reg: Registry,
     rt: tokio::runtime::Handle,
@@ -43,10 +45,31 @@ pub struct Blob {
     /// fetch yields to such reads.
     last_foreground: AtomicU64,
     born: Instant,
+    /// The node-wide marker of reads waiting (`images/tmp/lazy-reads`), and when this server
+    /// last touched it.
+    reading_marker: Option<std::path::PathBuf>,
+    last_marked: AtomicU64,
     /// Bytes and requests fetched so far.
     pub fetched: AtomicU64,
     pub requests: AtomicU64,
     cache: Mutex<Cache>,
+}
+
+#[derive(Default)]
+struct Inflight {
+    reads: HashSet<u64>,
+    background: HashSet<u64>,
+}
+
+/// Who wants bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Who {
+    /// A reader of the filesystem: first, the background yields to it.
+    Reader,
+    /// A background fetcher: skips what anybody fetches.
+    Background,
+    /// The background's unpacker: waits for what anybody fetches.
+    Unpacker,
 }
 
 #[derive(Default)]
@@ -64,6 +87,7 @@ impl Blob {
         reg: Registry,
         rt: tokio::runtime::Handle,
         timeout: Duration,
+        reading_marker: Option<std::path::PathBuf>,
     ) -> std::io::Result<Blob> {
         file.set_len(size)?;
         let blocks = size.div_ceil(BLOCK);
@@ -81,6 +105,8 @@ impl Blob {
             timeout,
             last_foreground: AtomicU64::new(0),
             born: Instant::now(),
+            reading_marker,
+            last_marked: AtomicU64::new(0),
             fetched: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             cache: Mutex::default(),
@@ -100,19 +126,14 @@ impl Blob {
         }
     }
 
-    /// Makes bytes `start..end` present: fetches the missing blocks nobody is fetching (in
-    /// runs of contiguous blocks), waits for those somebody is.
-    pub fn ensure(&self, start: u64, end: u64) -> Result<(), String> {
-        self.ensure_as(start, end, true)
-    }
-
     fn now_ms(&self) -> u64 {
         self.born.elapsed().as_millis() as u64 + 1
     }
 
-    /// [`Blob::ensure`] for a reader (`foreground`: the background fetch yields to it) or
-    /// for the background.
-    fn ensure_as(&self, start: u64, end: u64, foreground: bool) -> Result<(), String> {
+    /// Makes bytes `start..end` present for `who`: fetches the missing blocks nobody is
+    /// fetching (in runs of contiguous blocks), waits for those somebody is (a reader never
+    /// for the background's, the background never at all).
+    fn ensure_as(&self, start: u64, end: u64, who: Who) -> Result<(), String> {
         let end = end.min(self.size);
         if start >= end {
             return Ok(());
@@ -121,32 +142,45 @@ impl Blob {
         let deadline = Instant::now() + self.timeout * (ATTEMPTS + 1);
         loop {
             let mut mine = Vec::new();
-            let mut theirs = false;
+            let mut wait = false;
             {
                 let mut inf = crate::state::lock(&self.inflight);
                 for b in b0..=b1 {
                     if self.has(b) {
                         continue;
                     }
-                    if inf.contains(&b) {
-                        theirs = true;
-                    } else {
-                        inf.insert(b);
-                        mine.push(b);
+                    let (by_reader, by_background) =
+                        (inf.reads.contains(&b), inf.background.contains(&b));
+                    match who {
+                        Who::Reader if by_reader => wait = true,
+                        Who::Reader => {
+                            inf.reads.insert(b);
+                            mine.push(b);
+                        }
+                        Who::Background if by_reader || by_background => {}
+                        Who::Unpacker if by_reader || by_background => wait = true,
+                        Who::Background | Who::Unpacker => {
+                            inf.background.insert(b);
+                            mine.push(b);
+                        }
                     }
                 }
             }
-            if mine.is_empty() && !theirs {
+            if mine.is_empty() && !wait {
                 return Ok(());
             }
-            if foreground {
+            if who == Who::Reader {
                 self.last_foreground.store(self.now_ms(), Ordering::Relaxed);
+                self.mark_reading();
             }
             if !mine.is_empty() {
                 let r = self.fetch_blocks(&mine);
                 let mut inf = crate::state::lock(&self.inflight);
                 for b in &mine {
-                    inf.remove(b);
+                    match who {
+                        Who::Reader => inf.reads.remove(b),
+                        _ => inf.background.remove(b),
+                    };
                 }
                 drop(inf);
                 self.landed.notify_all();
@@ -163,6 +197,40 @@ impl Blob {
             let inf = crate::state::lock(&self.inflight);
             let _ = self.landed.wait_timeout(inf, Duration::from_millis(200));
         }
+    }
+
+    /// Tells every layer's background fetch on the node that a read waits for a registry
+    /// (the node-wide marker's mtime, touched at most every 50 ms).
+    fn mark_reading(&self) {
+        let Some(m) = &self.reading_marker else {
+            return;
+        };
+        let now = self.now_ms();
+        if now < self.last_marked.load(Ordering::Relaxed) + 50 {
+            return;
+        }
+        self.last_marked.store(now, Ordering::Relaxed);
+        let _ = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(m)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+    }
+
+    /// Whether a read waits for a registry, here or (by the node-wide marker) in another
+    /// layer's server.
+    fn reads_waiting(&self) -> bool {
+        if self.now_ms() < self.last_foreground.load(Ordering::Relaxed) + YIELD_MS {
+            return true;
+        }
+        self.reading_marker.as_ref().is_some_and(|m| {
+            std::fs::metadata(m)
+                .and_then(|x| x.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age < Duration::from_millis(YIELD_MS))
+        })
     }
 
     /// Fetches `blocks` (ascending, claimed by the caller) in runs of contiguous ones.
@@ -245,6 +313,7 @@ impl Blob {
                 pos: c.blob_off,
                 end: c.blob_off.saturating_add(c.max_compressed).min(self.size),
                 err: None,
+                who: Who::Reader,
             };
             let mut out = vec![0u8; c.len as usize];
             let read = flate2::read::GzDecoder::new(&mut r).read_exact(&mut out);
@@ -305,10 +374,10 @@ impl Blob {
                     if crate::state::lock(&failed).is_some() {
                         return;
                     }
-                    while self.now_ms() < self.last_foreground.load(Ordering::Relaxed) + YIELD_MS {
+                    while self.reads_waiting() {
                         std::thread::sleep(Duration::from_millis(20));
                     }
-                    if let Err(e) = self.ensure_as(a, b, false) {
+                    if let Err(e) = self.ensure_as(a, b, Who::Background) {
                         *crate::state::lock(&failed) = Some(e);
                         return;
                     }
@@ -326,19 +395,15 @@ impl Blob {
     /// an unpack of it fails rather than commits.
     pub fn verified_reader(&self) -> Verified<'_> {
         Verified {
-            inner: self.reader(),
+            inner: Reader {
+                blob: self,
+                pos: 0,
+                end: self.size,
+                err: None,
+                who: Who::Unpacker,
+            },
             hash: sha2::Sha256::new(),
             read: 0,
-        }
-    }
-
-    /// The blob from its start, for unpacking once complete.
-    pub fn reader(&self) -> Reader<'_> {
-        Reader {
-            blob: self,
-            pos: 0,
-            end: self.size,
-            err: None,
         }
     }
 }
@@ -350,6 +415,7 @@ pub struct Reader<'a> {
     end: u64,
     /// A fetch that failed (said apart from bytes that do not decompress).
     err: Option<String>,
+    who: Who,
 }
 
 impl Read for Reader<'_> {
@@ -360,7 +426,7 @@ impl Read for Reader<'_> {
         let n = (buf.len() as u64)
             .min(self.end - self.pos)
             .min(BLOCK - self.pos % BLOCK) as usize;
-        if let Err(e) = self.blob.ensure(self.pos, self.pos + n as u64) {
+        if let Err(e) = self.blob.ensure_as(self.pos, self.pos + n as u64, self.who) {
             self.err = Some(e.clone());
             return Err(std::io::Error::other(e));
         }

@@ -125,7 +125,10 @@ impl Filesystem for LazyFs {
     /// idmapped) where the kernel offers them to FUSE (6.12 on): the kernel checks the
     /// modes, and nothing here is written.
     fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
-        if config.add_capabilities(fuser::InitFlags::FUSE_ALLOW_IDMAP).is_err() {
+        if config
+            .add_capabilities(fuser::InitFlags::FUSE_ALLOW_IDMAP)
+            .is_err()
+        {
             tracing::debug!(layer = %self.blob.digest, "the kernel offers FUSE no idmapped mounts");
         }
         Ok(())

@@ -56,6 +56,12 @@ pub fn main(dir: &Path) -> i32 {
     }
     // SAFETY: setsid in the child, which leads no group.
     unsafe { libc::setsid() };
+    if let Err(e) = crate::state::files::write_private(
+        &dir.join("pid"),
+        std::process::id().to_string().as_bytes(),
+    ) {
+        return fail(format!("write the pid file: {e}"));
+    }
     match serve(dir, spec, tree) {
         Ok(()) => 0,
         Err(m) => {
@@ -98,6 +104,10 @@ fn serve(dir: &Path, spec: Spec, tree: Arc<Tree>) -> Result<(), String> {
             reg,
             rt.handle().clone(),
             timeout,
+            // images/lazy/<id> → images/tmp/lazy-reads (collected by age when idle).
+            dir.parent()
+                .and_then(Path::parent)
+                .map(|p| p.join("tmp/lazy-reads")),
         )
         .map_err(|e| format!("the blob cache {}: {e}", cache.display()))?,
     );
@@ -110,7 +120,7 @@ fn serve(dir: &Path, spec: Spec, tree: Arc<Tree>) -> Result<(), String> {
     let config = {
         let mut c = fuser::Config::default();
         c.acl = fuser::SessionACL::All;
-        c.n_threads = Some(4);
+        c.n_threads = Some(8);
         c.clone_fd = true;
         c
     };
@@ -176,15 +186,17 @@ fn mount(mnt: &Path) -> Result<OwnedFd, String> {
 }
 
 /// Fetches the rest of the layer beside unpacking it as it arrives (the blob's digest and
-/// the diff id checked before the layer is committed), and marks the layer complete. Runs at
-/// the lowest CPU and I/O priority, and its fetches yield to reads: the containers' own
-/// reads come first.
+/// the diff id checked before the layer is committed), and marks the layer complete. The
+/// unpack runs at the lowest CPU and I/O priority, and the fetches yield while any layer's
+/// reads wait for a registry: the containers' own reads come first.
 fn complete(blob: &Blob, spec: &Spec, dir: &Path, prefetch: u64) {
-    background_priority();
     let started = Instant::now();
     let store = ImageStore::for_layer_server(spec.store.clone(), spec.store_cfg.clone());
     let (fetched, unpacked) = std::thread::scope(|s| {
+        // The fetchers at the normal priority (a read may wait for a block they fetch);
+        // the unpacker, its decoder and its writes at the lowest.
         let fetch = s.spawn(|| blob.fetch_all(prefetch, 3));
+        background_priority();
         let unpacked = store.unpack_layer_without(
             &spec.diff_id,
             Box::new(blob.verified_reader()),

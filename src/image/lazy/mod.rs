@@ -15,8 +15,8 @@
 //! (the prefetch landmark's files first). A complete blob is checked against the layer
 //! digest and unpacked as any pulled layer (diff id checked) into `layers/<diff id>`, which
 //! the containers created after it use; the mount serves the containers made before until the
-//! image goes. Lazy layers are used only where stacked as a plain overlay lowerdir: a pod
-//! with its own user namespace (idmapped layers) waits for the unpacked layer.
+//! image goes. A pod with its own user namespace stacks the mount idmapped, as any layer (the
+//! server asks for FUSE's idmapped mounts, which the kernel offers from 6.12).
 //!
 //! Removing the image (collection) unmounts the layer (detached: a container still using it
 //! keeps its view), which ends its server. A layer whose server is gone (a reboot) is
@@ -42,8 +42,6 @@ use crate::error::{Error, HostError};
 
 /// The filesystem type a lazy layer's mount shows in mountinfo (`fuse.<subtype>`).
 pub const SUBTYPE: &str = "sandboxd-lazy";
-/// `statfs` f_type of a FUSE mount.
-const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 /// How long the daemon waits for a server to say it serves.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -83,9 +81,21 @@ pub fn is_ready(dir: &Path) -> bool {
     dir.join("ready").exists()
 }
 
-/// Whether `p` is a FUSE mount whose server answers.
-fn live_fuse(p: &Path) -> bool {
-    nix::sys::statfs::statfs(p).is_ok_and(|s| s.filesystem_type().0 == FUSE_SUPER_MAGIC)
+/// Whether the layer's server lives: the pid it wrote is a `sandboxd lazyfs` of this dir.
+/// (Asked of the process table, not of the mount: a server busy with a slow registry would
+/// hold a `statfs` of its mount as long.)
+fn server_lives(dir: &Path) -> bool {
+    let Some(pid) = std::fs::read_to_string(dir.join("pid"))
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+        .filter(|p| *p > 0)
+    else {
+        return false;
+    };
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let want = dir.as_os_str().as_encoded_bytes();
+    cmdline.split(|b| *b == 0).any(|a| a == b"lazyfs")
+        && cmdline.split(|b| *b == 0).any(|a| a == want)
 }
 
 /// Unmounts a lazy layer (detached: containers using it keep their view until they go, and
@@ -114,7 +124,7 @@ pub fn sweep_lost(store: &ImageStore) -> Vec<String> {
     let mut lost = Vec::new();
     for name in crate::state::list_dir(&root) {
         let d = root.join(&name);
-        if is_ready(&d) && live_fuse(&mount_point(&d)) {
+        if is_ready(&d) && server_lives(&d) {
             continue;
         }
         tracing::warn!(layer = %name, "lazy layer without its server (the node rebooted, or the server was killed): removed");
@@ -197,16 +207,15 @@ pub async fn mount(
     toc_digest: &str,
 ) -> crate::error::Result<Mounted> {
     let started = std::time::Instant::now();
-    let reg_err =
-        |e: RegistryError| Error::step("lazy layer", digest, HostError::Other(e.to_string()));
+    // A registry that fails a range request gets the full pull, which says what it answers.
+    let not_lazy = |e: RegistryError| Mounted::No(format!("a range request failed: {e}"));
     if size <= estargz::FOOTER_SIZE {
         return Ok(Mounted::No("smaller than an eStargz footer".into()));
     }
-    let Some(foot) = fetch_range(reg, digest, size, size - estargz::FOOTER_SIZE, size)
-        .await
-        .map_err(reg_err)?
-    else {
-        return Ok(Mounted::No("the registry ignores range requests".into()));
+    let foot = match fetch_range(reg, digest, size, size - estargz::FOOTER_SIZE, size).await {
+        Ok(Some(f)) => f,
+        Ok(None) => return Ok(Mounted::No("the registry ignores range requests".into())),
+        Err(e) => return Ok(not_lazy(e)),
     };
     let toc_offset = match estargz::parse_footer(&foot) {
         Ok(o) => o,
@@ -219,11 +228,10 @@ pub async fn mount(
             format!("the footer puts the TOC at {toc_offset}, outside the blob's {toc_end} bytes before it or over {} bytes", estargz::MAX_TOC_BYTES),
         ));
     }
-    let Some(member) = fetch_range(reg, digest, size, toc_offset, toc_end)
-        .await
-        .map_err(reg_err)?
-    else {
-        return Ok(Mounted::No("the registry ignores range requests".into()));
+    let member = match fetch_range(reg, digest, size, toc_offset, toc_end).await {
+        Ok(Some(m)) => m,
+        Ok(None) => return Ok(Mounted::No("the registry ignores range requests".into())),
+        Err(e) => return Ok(not_lazy(e)),
     };
     let json = estargz::toc_json(&member).map_err(|m| invalid(digest, m))?;
     let got = super::store::sha256_of(&json);
@@ -239,7 +247,7 @@ pub async fn mount(
     };
     let tree = Tree::parse(&json, toc_offset, limits).map_err(|m| invalid(digest, m))?;
     let d = dir(store, diff_id)?;
-    if is_ready(&d) && live_fuse(&mount_point(&d)) {
+    if is_ready(&d) && server_lives(&d) {
         return Ok(Mounted::Yes);
     }
     remove(&d).map_err(Error::Host)?;
