@@ -52,6 +52,16 @@ pub struct LayerProgress {
 }
 
 impl LayerProgress {
+    /// A layer's progress that no pull lists (a lazy layer's background completion).
+    pub(crate) fn detached(digest: &str, size: u64) -> LayerProgress {
+        LayerProgress {
+            digest: digest.to_string(),
+            size,
+            received: AtomicU64::new(0),
+            state: AtomicU8::new(0),
+        }
+    }
+
     /// `n` more bytes arrived.
     pub fn received(&self, n: u64) {
         self.received.fetch_add(n, Ordering::Relaxed);

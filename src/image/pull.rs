@@ -478,7 +478,7 @@ async fn fetch_once(
         }
         match store.in_flight.claim(diff_id, progress) {
             Claim::Mine(claimed) => {
-                let r = fetch_layer(store, reg, l, diff_id, progress).await;
+                let r = fetch_layer(store, reg, l, diff_id, progress, &[]).await;
                 drop(claimed);
                 return r;
             }
@@ -525,14 +525,42 @@ impl std::io::Read for ChannelReader {
     }
 }
 
-/// Downloads one layer and unpacks it as it arrives; returns the digest of its kept blob
-/// (when blobs are kept).
+/// A lazy layer's background completion (`lazy/helper.rs`): the blob `digest` of `size`
+/// bytes fetched whole from `reg` and unpacked as it arrives, as a pull does (its digest and
+/// diff id checked before it is committed), the names `drop` left out of its root. The
+/// store's config must not be lazy.
+pub(crate) async fn fetch_whole(
+    store: &ImageStore,
+    reg: &Arc<Registry>,
+    digest: &str,
+    size: u64,
+    diff_id: &str,
+    drop: &'static [&'static str],
+) -> Result<()> {
+    let l = LayerDesc {
+        digest: digest.to_string(),
+        size,
+        media_type: "application/vnd.oci.image.layer.v1.tar+gzip".into(),
+        foreign: false,
+        file: None,
+        toc_digest: None,
+    };
+    let progress = LayerProgress::detached(digest, size);
+    fetch_layer(store, reg, &l, diff_id, &progress, drop)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.into_error(digest))
+}
+
+/// Downloads one layer and unpacks it as it arrives (the root's names `drop` left out);
+/// returns the digest of its kept blob (when blobs are kept).
 async fn fetch_layer(
     store: &ImageStore,
     reg: &Arc<Registry>,
     l: &LayerDesc,
     diff_id: &str,
     progress: &LayerProgress,
+    left_out: &'static [&'static str],
 ) -> std::result::Result<Option<String>, PullError> {
     let started = Instant::now();
     let lazy = l
@@ -567,7 +595,7 @@ async fn fetch_layer(
             };
             match &file {
                 Some(name) => store.put_file_layer(&diff_id, name, Box::new(reader)),
-                None => store.unpack_layer(&diff_id, Box::new(reader)),
+                None => store.unpack_layer_without(&diff_id, Box::new(reader), left_out),
             }
         })
     };

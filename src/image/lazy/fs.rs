@@ -1,12 +1,17 @@
 //! The FUSE filesystem of a lazy layer: the TOC's tree answered from memory (lookups,
 //! attributes, listings, links, the overlay opaque marker as `trusted.overlay.opaque`,
-//! whiteouts as 0:0 character devices), file bytes from the blob's chunks (`blob.rs`).
-//! Read-only; the kernel checks permissions (`default_permissions`). Inode numbers are the
-//! tree's indexes plus one (the root is 1).
+//! whiteouts as 0:0 character devices), file bytes from the blob's chunks (`blob.rs`) until
+//! the layer is complete, then from the unpacked layer (opened beneath its dir, no symlink
+//! followed; a file gone there — the layer collected while a container still uses this
+//! view — is read from the chunks again). Read-only; the kernel checks permissions
+//! (`default_permissions`). Inode numbers are the tree's indexes plus one (the root is 1).
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::fs::File;
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
@@ -23,11 +28,66 @@ const TTL: Duration = Duration::from_secs(24 * 3600);
 const OPAQUE: &[u8] = b"trusted.overlay.opaque";
 
 pub struct LazyFs {
-    pub tree: Arc<Tree>,
-    pub blob: Arc<Blob>,
+    tree: Arc<Tree>,
+    blob: Arc<Blob>,
+    /// The unpacked layer's dir, once complete.
+    unpacked: Arc<OnceLock<OwnedFd>>,
+    /// Files of the unpacked layer open for reads, by node (at most [`OPEN_FILES`]).
+    open: Mutex<HashMap<u32, Arc<File>>>,
 }
 
+/// Files of the unpacked layer kept open at once.
+const OPEN_FILES: usize = 256;
+
 impl LazyFs {
+    pub fn new(tree: Arc<Tree>, blob: Arc<Blob>, unpacked: Arc<OnceLock<OwnedFd>>) -> LazyFs {
+        LazyFs {
+            tree,
+            blob,
+            unpacked,
+            open: Mutex::default(),
+        }
+    }
+
+    /// Bytes `off..off+size` of node `i` from the unpacked layer, if it is complete and has
+    /// the file (as the TOC says it: a regular file of its size).
+    fn unpacked_bytes(&self, i: u32, n: &Node, off: u64, size: u64) -> Option<Vec<u8>> {
+        let dir = self.unpacked.get()?;
+        let cached = crate::state::lock(&self.open).get(&i).cloned();
+        let f = match cached {
+            Some(f) => f,
+            None => {
+                use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+                let rel = path_of(&self.tree, i);
+                let how = OpenHow::new()
+                    .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
+                    .resolve(
+                        ResolveFlag::RESOLVE_BENEATH
+                            | ResolveFlag::RESOLVE_NO_SYMLINKS
+                            | ResolveFlag::RESOLVE_NO_MAGICLINKS
+                            | ResolveFlag::RESOLVE_NO_XDEV,
+                    );
+                let fd = nix::fcntl::openat2(dir, rel.trim_start_matches('/'), how).ok()?;
+                let f = File::from(fd);
+                let m = f.metadata().ok()?;
+                if !m.is_file() || m.len() != n.size {
+                    return None;
+                }
+                let f = Arc::new(f);
+                let mut open = crate::state::lock(&self.open);
+                if open.len() >= OPEN_FILES {
+                    open.clear();
+                }
+                open.insert(i, f.clone());
+                f
+            }
+        };
+        let end = off.saturating_add(size).min(n.size);
+        let mut out = vec![0u8; end.saturating_sub(off) as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&*f, &mut out, off).ok()?;
+        Some(out)
+    }
+
     fn node(&self, ino: INodeNo) -> Option<&Node> {
         let i = ino.0.checked_sub(1)?;
         self.tree.nodes.get(usize::try_from(i).ok()?)
@@ -192,6 +252,9 @@ impl Filesystem for LazyFs {
         };
         if n.kind != Kind::Reg {
             return reply.error(Errno::EINVAL);
+        }
+        if let Some(b) = self.unpacked_bytes((ino.0 - 1) as u32, n, offset, u64::from(size)) {
+            return reply.data(&b);
         }
         match self.bytes(n, offset, u64::from(size)) {
             Ok(b) => reply.data(&b),

@@ -104,19 +104,13 @@ fn serve(dir: &Path, spec: Spec, tree: Arc<Tree>) -> Result<(), String> {
             reg,
             rt.handle().clone(),
             timeout,
-            // images/lazy/<id> → images/tmp/lazy-reads (collected by age when idle).
-            dir.parent()
-                .and_then(Path::parent)
-                .map(|p| p.join("tmp/lazy-reads")),
         )
         .map_err(|e| format!("the blob cache {}: {e}", cache.display()))?,
     );
     let mnt = super::mount_point(dir);
     let fuse = mount(&mnt)?;
-    let fs = LazyFs {
-        tree: tree.clone(),
-        blob: blob.clone(),
-    };
+    let unpacked = Arc::new(std::sync::OnceLock::new());
+    let fs = LazyFs::new(tree.clone(), blob.clone(), unpacked.clone());
     let config = {
         let mut c = fuser::Config::default();
         c.acl = fuser::SessionACL::All;
@@ -138,14 +132,13 @@ fn serve(dir: &Path, spec: Spec, tree: Arc<Tree>) -> Result<(), String> {
     }
     tracing::info!(layer = %spec.digest, mount = %mnt.display(), files = tree.nodes.len(), "lazy layer served");
     {
-        let (blob, spec, dir) = (blob.clone(), spec, dir.to_path_buf());
-        let prefetch = tree.prefetch_end.unwrap_or(0);
+        let (spec, dir) = (spec, dir.to_path_buf());
         let delay = Duration::from_secs(spec.store_cfg.lazy_background_delay_seconds);
         std::thread::Builder::new()
             .name("lazyfs-complete".into())
             .spawn(move || {
                 std::thread::sleep(delay);
-                complete(&blob, &spec, &dir, prefetch)
+                complete(&spec, &dir, &unpacked)
             })
             .map_err(|e| format!("start the completion thread: {e}"))?;
     }
@@ -185,46 +178,81 @@ fn mount(mnt: &Path) -> Result<OwnedFd, String> {
     Ok(fuse)
 }
 
-/// Fetches the rest of the layer beside unpacking it as it arrives (the blob's digest and
-/// the diff id checked before the layer is committed), and marks the layer complete. The
-/// unpack runs at the lowest CPU and I/O priority, and the fetches yield while any layer's
-/// reads wait for a registry: the containers' own reads come first.
-fn complete(blob: &Blob, spec: &Spec, dir: &Path, prefetch: u64) {
+/// Fetches the whole layer and unpacks it as it arrives, as a pull does (the blob's digest
+/// and the diff id checked before the layer is committed, the format's own files left out),
+/// then hands the unpacked layer to the filesystem (`unpacked`): reads of what no read has
+/// fetched are served from it from then on. All of it at the lowest CPU and I/O priority, on
+/// a runtime of its own: the containers' reads come first.
+fn complete(spec: &Spec, dir: &Path, unpacked: &std::sync::OnceLock<OwnedFd>) {
+    background_priority();
     let started = Instant::now();
-    let store = ImageStore::for_layer_server(spec.store.clone(), spec.store_cfg.clone());
-    let (fetched, unpacked) = std::thread::scope(|s| {
-        // The fetchers at the normal priority (a read may wait for a block they fetch);
-        // the unpacker, its decoder and its writes at the lowest.
-        let fetch = s.spawn(|| blob.fetch_all(prefetch, 3));
-        background_priority();
-        let unpacked = store.unpack_layer_without(
-            &spec.diff_id,
-            Box::new(blob.verified_reader()),
-            &estargz::META_NAMES,
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .max_blocking_threads(2)
+        .thread_name("lazyfs-bg")
+        .on_thread_start(background_priority)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(layer = %spec.digest, error = %e, "lazy layer: no runtime for the background fetch");
+            return;
+        }
+    };
+    let mut cfg = spec.store_cfg.clone();
+    (cfg.lazy_pull, cfg.keep_layer_blobs) = (false, false);
+    let store = ImageStore::for_layer_server(spec.store.clone(), cfg);
+    let done = rt.block_on(async {
+        let reg = Arc::new(
+            Registry::new(&spec.endpoint, spec.creds.clone()).map_err(|e| {
+                crate::error::Error::Host(crate::error::HostError::Other(e.to_string()))
+            })?,
         );
-        (fetch.join(), unpacked)
+        super::super::pull::fetch_whole(
+            &store,
+            &reg,
+            &spec.digest,
+            spec.size,
+            &spec.diff_id,
+            &estargz::META_NAMES,
+        )
+        .await
     });
-    if let Ok(Err(e)) = fetched {
-        tracing::error!(layer = %spec.digest, error = %e, "lazy layer: background fetch failed; files are still fetched as read");
+    if let Err(e) = done {
+        tracing::error!(layer = %spec.digest, error = %e, "lazy layer: the background fetch failed; files are still fetched as read");
         return;
     }
-    match unpacked {
-        Ok(a) => {
-            let _ = crate::state::files::write_private(&dir.join("complete"), b"");
-            tracing::info!(
-                layer = %spec.digest,
-                diff_id = %spec.diff_id,
-                bytes = spec.size,
-                requests = blob.requests.load(std::sync::atomic::Ordering::Relaxed),
-                seconds = started.elapsed().as_secs_f64(),
-                entries = a.entries,
-                "lazy layer complete: unpacked for the containers created from now on"
-            );
+    let layer = match store.layer_dir(&spec.diff_id) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(layer = %spec.digest, error = %e, "lazy layer: no layer dir");
+            return;
+        }
+    };
+    match nix::fcntl::open(
+        &layer,
+        nix::fcntl::OFlag::O_PATH
+            | nix::fcntl::OFlag::O_DIRECTORY
+            | nix::fcntl::OFlag::O_NOFOLLOW
+            | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    ) {
+        Ok(fd) => {
+            let _ = unpacked.set(fd);
         }
         Err(e) => {
-            tracing::error!(layer = %spec.digest, error = %e, "lazy layer: unpacking the completed layer failed")
+            tracing::warn!(layer = %spec.digest, error = %e, "lazy layer: cannot open the unpacked layer; reads stay on the blob")
         }
     }
+    let _ = crate::state::files::write_private(&dir.join("complete"), b"");
+    tracing::info!(
+        layer = %spec.digest,
+        diff_id = %spec.diff_id,
+        bytes = spec.size,
+        seconds = started.elapsed().as_secs_f64(),
+        "lazy layer complete: unpacked for the containers created from now on"
+    );
 }
 
 /// This thread (and those it starts) at nice 19 and the idle I/O class.
