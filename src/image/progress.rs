@@ -52,16 +52,6 @@ pub struct LayerProgress {
 }
 
 impl LayerProgress {
-    /// A layer's progress that no pull lists (a lazy layer's background completion).
-    pub(crate) fn detached(digest: &str, size: u64) -> LayerProgress {
-        LayerProgress {
-            digest: digest.to_string(),
-            size,
-            received: AtomicU64::new(0),
-            state: AtomicU8::new(0),
-        }
-    }
-
     /// `n` more bytes arrived.
     pub fn received(&self, n: u64) {
         self.received.fetch_add(n, Ordering::Relaxed);
@@ -84,8 +74,7 @@ impl LayerProgress {
         self.received.load(Ordering::Relaxed)
     }
 
-    /// A tracker of its own, in no pull's list (for tests).
-    #[cfg(test)]
+    /// A tracker of its own, in no pull's list (a lazy layer's background completion; tests).
     pub fn detached(digest: &str, size: u64) -> Arc<LayerProgress> {
         Arc::new(LayerProgress {
             digest: digest.to_string(),
