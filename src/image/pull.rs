@@ -478,7 +478,7 @@ async fn fetch_once(
         }
         match store.in_flight.claim(diff_id, progress) {
             Claim::Mine(claimed) => {
-                let r = fetch_layer(store, reg, l, diff_id, progress, &[]).await;
+                let r = fetch_layer(store, reg, l, diff_id, progress, &[], None).await;
                 drop(claimed);
                 return r;
             }
@@ -536,6 +536,7 @@ pub(crate) async fn fetch_whole(
     size: u64,
     diff_id: &str,
     drop: &'static [&'static str],
+    gate: Option<PathBuf>,
 ) -> Result<()> {
     let l = LayerDesc {
         digest: digest.to_string(),
@@ -546,7 +547,7 @@ pub(crate) async fn fetch_whole(
         toc_digest: None,
     };
     let progress = LayerProgress::detached(digest, size);
-    fetch_layer(store, reg, &l, diff_id, &progress, drop)
+    fetch_layer(store, reg, &l, diff_id, &progress, drop, gate)
         .await
         .map(|_| ())
         .map_err(|e| e.into_error(digest))
@@ -561,6 +562,7 @@ async fn fetch_layer(
     diff_id: &str,
     progress: &LayerProgress,
     left_out: &'static [&'static str],
+    gate: Option<PathBuf>,
 ) -> std::result::Result<Option<String>, PullError> {
     let started = Instant::now();
     let lazy = l
@@ -593,9 +595,17 @@ async fn fetch_layer(
                 cur: Bytes::new(),
                 done: false,
             };
+            let reader: Box<dyn std::io::Read + Send> = match gate {
+                Some(marker) => Box::new(super::lazy::Gated {
+                    inner: reader,
+                    marker,
+                    paused: Duration::ZERO,
+                }),
+                None => Box::new(reader),
+            };
             match &file {
-                Some(name) => store.put_file_layer(&diff_id, name, Box::new(reader)),
-                None => store.unpack_layer_without(&diff_id, Box::new(reader), left_out),
+                Some(name) => store.put_file_layer(&diff_id, name, reader),
+                None => store.unpack_layer_without(&diff_id, reader, left_out),
             }
         })
     };

@@ -688,6 +688,8 @@ impl ImageStore {
                 let dir = self.dir.join(d);
                 crate::state::list_dir(&dir)
                     .into_iter()
+                    // (`lazy/`'s dot files are its servers' markers and slots.)
+                    .filter(|n| !n.starts_with('.'))
                     .filter(|n| !keep_layers.contains(n.as_str()))
                     .map(move |n| dir.join(n))
             })

@@ -24,6 +24,8 @@ pub const BLOCK: u64 = 1 << 20;
 const CACHE_BYTES: u64 = 32 << 20;
 /// Attempts per range request.
 const ATTEMPTS: u32 = 3;
+/// Bytes per request of the prefetch.
+const PREFETCH_RUN: u64 = 8 << 20;
 
 pub struct Blob {
     file: File,
@@ -40,11 +42,14 @@ pub struct Blob {
     pub fetched: AtomicU64,
     pub requests: AtomicU64,
     cache: Mutex<Cache>,
+    chunk_loaded: Condvar,
 }
 
 #[derive(Default)]
 struct Cache {
     map: HashMap<(u64, u64), Arc<Vec<u8>>>,
+    /// Chunks being decompressed and checked now.
+    loading: HashSet<(u64, u64)>,
     order: VecDeque<(u64, u64)>,
     bytes: u64,
 }
@@ -75,6 +80,7 @@ impl Blob {
             fetched: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             cache: Mutex::default(),
+            chunk_loaded: Condvar::new(),
         })
     }
 
@@ -203,6 +209,31 @@ impl Blob {
         ))
     }
 
+    /// Fetches `start..end` (the prefetch landmark's files) in runs of [`PREFETCH_RUN`] by
+    /// `workers` threads at once, as reads would.
+    pub fn prefetch(&self, start: u64, end: u64, workers: usize) -> Result<(), String> {
+        let end = end.min(self.size);
+        let next = AtomicU64::new(start);
+        let failed = Mutex::new(None);
+        std::thread::scope(|s| {
+            for _ in 0..workers.max(1) {
+                s.spawn(|| loop {
+                    let a = next.fetch_add(PREFETCH_RUN, Ordering::Relaxed);
+                    if a >= end || crate::state::lock(&failed).is_some() {
+                        return;
+                    }
+                    if let Err(e) = self.ensure(a, (a + PREFETCH_RUN).min(end)) {
+                        *crate::state::lock(&failed) = Some(e);
+                    }
+                });
+            }
+        });
+        match failed.into_inner().unwrap_or_default() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     /// Forgets the blocks of `start..end` (bytes that did not check out are fetched again).
     fn forget(&self, start: u64, end: u64) {
         for b in start / BLOCK..=(end.max(start + 1) - 1) / BLOCK {
@@ -210,14 +241,55 @@ impl Blob {
         }
     }
 
-    /// The uncompressed bytes of chunk `c`, checked against its digest.
+    /// The uncompressed bytes of chunk `c`, checked against its digest: from the cache, or
+    /// decompressed once however many reads want it at once (the kernel's read-ahead asks
+    /// for several pieces of one chunk together).
     pub fn chunk(&self, c: &Chunk) -> Result<Arc<Vec<u8>>, String> {
         let key = (c.blob_off, c.len);
-        if let Some(v) = crate::state::lock(&self.cache).map.get(&key) {
-            return Ok(v.clone());
+        {
+            let mut cache = crate::state::lock(&self.cache);
+            loop {
+                if let Some(v) = cache.map.get(&key) {
+                    return Ok(v.clone());
+                }
+                if !cache.loading.contains(&key) {
+                    cache.loading.insert(key);
+                    break;
+                }
+                cache = self
+                    .chunk_loaded
+                    .wait(cache)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
         }
+        let r = self.load_chunk(c);
+        let mut cache = crate::state::lock(&self.cache);
+        cache.loading.remove(&key);
+        if let Ok(v) = &r {
+            cache.bytes += c.len;
+            cache.map.insert(key, v.clone());
+            cache.order.push_back(key);
+            while cache.bytes > CACHE_BYTES {
+                let Some(k) = cache.order.pop_front() else {
+                    break;
+                };
+                if let Some(old) = cache.map.remove(&k) {
+                    cache.bytes -= old.len() as u64;
+                }
+            }
+        }
+        drop(cache);
+        self.chunk_loaded.notify_all();
+        r
+    }
+
+    fn load_chunk(&self, c: &Chunk) -> Result<Arc<Vec<u8>>, String> {
         let mut last = String::new();
         for _ in 0..2 {
+            // The chunk's compressed bytes in one request where the TOC bounds them (what is
+            // past a generous guess is fetched as the decoder reaches it).
+            let guess = c.max_compressed.min(c.len + c.len / 8 + (64 << 10));
+            self.ensure(c.blob_off, c.blob_off.saturating_add(guess))?;
             let mut r = Reader {
                 blob: self,
                 pos: c.blob_off,
@@ -232,20 +304,7 @@ impl Blob {
             }
             match read {
                 Ok(()) if sha2::Sha256::digest(&out).as_slice() == c.digest => {
-                    let v = Arc::new(out);
-                    let mut cache = crate::state::lock(&self.cache);
-                    cache.bytes += c.len;
-                    cache.map.insert(key, v.clone());
-                    cache.order.push_back(key);
-                    while cache.bytes > CACHE_BYTES {
-                        let Some(k) = cache.order.pop_front() else {
-                            break;
-                        };
-                        if let Some(old) = cache.map.remove(&k) {
-                            cache.bytes -= old.len() as u64;
-                        }
-                    }
-                    return Ok(v);
+                    return Ok(Arc::new(out));
                 }
                 Ok(()) => last = "its bytes do not match the TOC's digest".into(),
                 Err(e) => last = format!("it does not decompress: {e}"),

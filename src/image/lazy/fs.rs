@@ -34,18 +34,31 @@ pub struct LazyFs {
     unpacked: Arc<OnceLock<OwnedFd>>,
     /// Files of the unpacked layer open for reads, by node (at most [`OPEN_FILES`]).
     open: Mutex<HashMap<u32, Arc<File>>>,
+    /// The node-wide marker of containers reading (`lazy::reads_marker`), and when it was
+    /// touched last (ms since `born`).
+    marker: std::path::PathBuf,
+    born: std::time::Instant,
+    touched: std::sync::atomic::AtomicU64,
 }
 
 /// Files of the unpacked layer kept open at once.
 const OPEN_FILES: usize = 256;
 
 impl LazyFs {
-    pub fn new(tree: Arc<Tree>, blob: Arc<Blob>, unpacked: Arc<OnceLock<OwnedFd>>) -> LazyFs {
+    pub fn new(
+        tree: Arc<Tree>,
+        blob: Arc<Blob>,
+        unpacked: Arc<OnceLock<OwnedFd>>,
+        marker: std::path::PathBuf,
+    ) -> LazyFs {
         LazyFs {
             tree,
             blob,
             unpacked,
             open: Mutex::default(),
+            marker,
+            born: std::time::Instant::now(),
+            touched: Default::default(),
         }
     }
 
@@ -253,6 +266,7 @@ impl Filesystem for LazyFs {
         if n.kind != Kind::Reg {
             return reply.error(Errno::EINVAL);
         }
+        super::touch_reads(&self.marker, self.born, &self.touched);
         if let Some(b) = self.unpacked_bytes((ino.0 - 1) as u32, n, offset, u64::from(size)) {
             return reply.data(&b);
         }

@@ -110,7 +110,12 @@ fn serve(dir: &Path, spec: Spec, tree: Arc<Tree>) -> Result<(), String> {
     let mnt = super::mount_point(dir);
     let fuse = mount(&mnt)?;
     let unpacked = Arc::new(std::sync::OnceLock::new());
-    let fs = LazyFs::new(tree.clone(), blob.clone(), unpacked.clone());
+    let fs = LazyFs::new(
+        tree.clone(),
+        blob.clone(),
+        unpacked.clone(),
+        super::reads_marker(&spec.store),
+    );
     let config = {
         let mut c = fuser::Config::default();
         c.acl = fuser::SessionACL::All;
@@ -131,6 +136,21 @@ fn serve(dir: &Path, spec: Spec, tree: Arc<Tree>) -> Result<(), String> {
         unsafe { libc::dup2(null.as_raw_fd(), 1) };
     }
     tracing::info!(layer = %spec.digest, mount = %mnt.display(), files = tree.nodes.len(), "lazy layer served");
+    // The files the image names to read first (before its prefetch landmark), now: the
+    // container is still being made.
+    if let Some(end) = tree.prefetch_end.filter(|e| *e > 0) {
+        let blob = blob.clone();
+        std::thread::Builder::new()
+            .name("lazyfs-prefetch".into())
+            .spawn(move || {
+                let t = Instant::now();
+                match blob.prefetch(0, end, 2) {
+                    Ok(()) => tracing::info!(layer = %blob.digest, bytes = end, seconds = t.elapsed().as_secs_f64(), "lazy layer: prefetched the files before its landmark"),
+                    Err(e) => tracing::warn!(layer = %blob.digest, error = %e, "lazy layer: prefetch failed; files are fetched as read"),
+                }
+            })
+            .map_err(|e| format!("start the prefetch thread: {e}"))?;
+    }
     {
         let (spec, dir) = (spec, dir.to_path_buf());
         let delay = Duration::from_secs(spec.store_cfg.lazy_background_delay_seconds);
@@ -200,6 +220,8 @@ fn complete(spec: &Spec, dir: &Path, unpacked: &std::sync::OnceLock<OwnedFd>) {
             return;
         }
     };
+    // As many completions at a time on the node as a pull fetches layers at once.
+    let _slot = completion_slot(&spec.store, spec.store_cfg.max_concurrent_downloads);
     let mut cfg = spec.store_cfg.clone();
     (cfg.lazy_pull, cfg.keep_layer_blobs) = (false, false);
     let store = ImageStore::for_layer_server(spec.store.clone(), cfg);
@@ -216,6 +238,7 @@ fn complete(spec: &Spec, dir: &Path, unpacked: &std::sync::OnceLock<OwnedFd>) {
             spec.size,
             &spec.diff_id,
             &estargz::META_NAMES,
+            Some(super::reads_marker(&spec.store)),
         )
         .await
     });
@@ -253,6 +276,21 @@ fn complete(spec: &Spec, dir: &Path, unpacked: &std::sync::OnceLock<OwnedFd>) {
         seconds = started.elapsed().as_secs_f64(),
         "lazy layer complete: unpacked for the containers created from now on"
     );
+}
+
+/// One of the node's `n` completion slots (`lazy/.complete-<k>`, flock): a free one, else
+/// waits for one. None when the lock files cannot be made (then no limit).
+fn completion_slot(store: &Path, n: usize) -> Option<std::fs::File> {
+    let n = n.clamp(1, 64) as u64;
+    let lock = |k: u64, how: libc::c_int| -> Option<std::fs::File> {
+        let p = store.join("lazy").join(format!(".complete-{k}"));
+        let f = crate::state::files::create_file(&p, crate::state::files::FILE_MODE).ok()?;
+        // SAFETY: flock on an fd we own; released when the file is dropped.
+        (unsafe { libc::flock(f.as_raw_fd(), how) } == 0).then_some(f)
+    };
+    (0..n)
+        .find_map(|k| lock(k, libc::LOCK_EX | libc::LOCK_NB))
+        .or_else(|| lock(u64::from(std::process::id()) % n, libc::LOCK_EX))
 }
 
 /// This thread (and those it starts) at nice 19 and the idle I/O class.

@@ -122,7 +122,11 @@ pub fn remove(dir: &Path) -> Result<(), HostError> {
 pub fn sweep_lost(store: &ImageStore) -> Vec<String> {
     let root = store.dir.join("lazy");
     let mut lost = Vec::new();
-    for name in crate::state::list_dir(&root) {
+    // (Dot files are the servers' shared markers and slots, no layer.)
+    for name in crate::state::list_dir(&root)
+        .into_iter()
+        .filter(|n| !n.starts_with('.'))
+    {
         let d = root.join(&name);
         if is_ready(&d) && server_lives(&d) {
             continue;
@@ -180,6 +184,57 @@ pub(crate) async fn fetch_range(
         )));
     }
     Ok(Some(body))
+}
+
+/// The node-wide marker that a container reads a lazy layer (its mtime, touched at most
+/// every 50 ms by every layer's server): background completions pause while it is fresh.
+pub(crate) fn reads_marker(store_dir: &Path) -> PathBuf {
+    store_dir.join("lazy").join(".reads")
+}
+
+/// Touches the reads marker (rate-limited by `last`, ms since `born`).
+pub(crate) fn touch_reads(
+    marker: &Path,
+    born: std::time::Instant,
+    last: &std::sync::atomic::AtomicU64,
+) {
+    use std::sync::atomic::Ordering;
+    let now = born.elapsed().as_millis() as u64 + 1;
+    if now < last.load(Ordering::Relaxed) + 50 {
+        return;
+    }
+    last.store(now, Ordering::Relaxed);
+    let _ = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(marker)
+        .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+}
+
+/// A background completion's input that pauses while containers read lazy layers (the
+/// marker touched in the last 200 ms), at most 10 s in all, so that it never starves.
+pub(crate) struct Gated<R> {
+    pub inner: R,
+    pub marker: PathBuf,
+    pub paused: Duration,
+}
+
+impl<R: Read> Read for Gated<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let fresh = |m: &Path| {
+            std::fs::metadata(m)
+                .and_then(|x| x.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age < Duration::from_millis(200))
+        };
+        while self.paused < Duration::from_secs(10) && fresh(&self.marker) {
+            std::thread::sleep(Duration::from_millis(50));
+            self.paused += Duration::from_millis(50);
+        }
+        self.inner.read(buf)
+    }
 }
 
 /// What [`mount`] did.
