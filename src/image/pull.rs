@@ -527,15 +527,15 @@ impl std::io::Read for ChannelReader {
 
 /// A lazy layer's background completion (`lazy/helper.rs`): the blob `digest` of `size`
 /// bytes fetched whole from `reg` and unpacked as it arrives, as a pull does (its digest and
-/// diff id checked before it is committed), the names `drop` left out of its root. The
-/// store's config must not be lazy.
+/// diff id checked before it is committed), the names `left_out` left out of its root,
+/// pausing while `gate` says containers read. The store's config must not be lazy.
 pub(crate) async fn fetch_whole(
     store: &ImageStore,
     reg: &Arc<Registry>,
     digest: &str,
     size: u64,
     diff_id: &str,
-    drop: &'static [&'static str],
+    left_out: &'static [&'static str],
     gate: Option<PathBuf>,
 ) -> Result<()> {
     let l = LayerDesc {
@@ -547,13 +547,14 @@ pub(crate) async fn fetch_whole(
         toc_digest: None,
     };
     let progress = LayerProgress::detached(digest, size);
-    fetch_layer(store, reg, &l, diff_id, &progress, drop, gate)
+    fetch_layer(store, reg, &l, diff_id, &progress, left_out, gate)
         .await
         .map(|_| ())
         .map_err(|e| e.into_error(digest))
 }
 
-/// Downloads one layer and unpacks it as it arrives (the root's names `drop` left out);
+/// Downloads one layer and unpacks it as it arrives (the root's names `left_out` left out;
+/// the unpacker paused while the lazy layers' `gate` marker is fresh);
 /// returns the digest of its kept blob (when blobs are kept).
 async fn fetch_layer(
     store: &ImageStore,

@@ -403,11 +403,6 @@ impl ImageStore {
         super::lazy::is_ready(&d).then(|| super::lazy::mount_point(&d))
     }
 
-    /// Whether the layer is stacked from its lazy mount (not unpacked yet).
-    pub fn is_lazy(&self, diff_id: &str) -> bool {
-        !self.has_layer(diff_id) && self.lazy_lower(diff_id).is_some()
-    }
-
     /// Where a layer is stacked from: its unpacked dir, else its lazy mount, else the
     /// unpacked dir's path (the mount then fails naming it).
     pub fn lower_dir(&self, diff_id: &str) -> Result<PathBuf> {

@@ -54,8 +54,14 @@ pub fn main(dir: &Path) -> i32 {
         0 => {}
         _ => return 0,
     }
-    // SAFETY: setsid in the child, which leads no group.
-    unsafe { libc::setsid() };
+    // SAFETY: setsid in the child, which leads no group; SIGPIPE ignored (the daemon's
+    // stderr, which this server logs to, may close under it: a daemon run in a terminal).
+    unsafe {
+        libc::setsid();
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    // Nothing of the daemon's working dir is held.
+    let _ = std::env::set_current_dir("/");
     if let Err(e) = crate::state::files::write_private(
         &dir.join("pid"),
         std::process::id().to_string().as_bytes(),
