@@ -19,9 +19,15 @@ use sandboxd::image::estargz::{self, WriteOptions};
 use sandboxd::image::Auth;
 use sandboxd::{ContainerConfig, ContainerState};
 
-/// Why the test cannot run here, if it cannot.
-fn no_fuse() -> Option<&'static str> {
-    (!Path::new("/dev/fuse").exists()).then_some("no /dev/fuse on this machine")
+/// The test's env and registry; None (the test skips, saying why) without FUSE.
+fn start(test: &str) -> Option<(Env, Registry)> {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIPPED: no /dev/fuse on this machine");
+        return None;
+    }
+    let env = Env::new(test);
+    let reg = Registry::start(&env.base.join("registry"), None);
+    Some((env, reg))
 }
 
 /// An eStargz blob of `tar`, its uncompressed stream (for the config's diff id) and its TOC
@@ -184,12 +190,9 @@ fn lowerdirs(rootfs: &Path) -> String {
 
 #[test]
 fn lazy_pull_runs_before_the_layer_arrives_then_completes_and_unmounts() {
-    if let Some(why) = no_fuse() {
-        eprintln!("SKIPPED: {why}");
+    let Some((env, reg)) = start("lazy-run") else {
         return;
-    }
-    let env = Env::new("lazy-run");
-    let reg = Registry::start(&env.base.join("registry"), None);
+    };
     // busybox, its binary prefetched; a 48 MiB data layer of which the container reads 6 bytes.
     let (bb, bb_plain, bb_toc) = estargz_of(&layer_tar(), &["bin/busybox"], 4 << 20);
     let big = noise(48 << 20, 0x2545_f491_4f6c_dd1d);
@@ -365,12 +368,9 @@ fn lazy_pull_runs_before_the_layer_arrives_then_completes_and_unmounts() {
 /// served, and reading the lying file fails with EIO rather than giving the bytes.
 #[test]
 fn hostile_tocs_refused_and_lying_chunks_read_as_eio() {
-    if let Some(why) = no_fuse() {
-        eprintln!("SKIPPED: {why}");
+    let Some((env, reg)) = start("lazy-hostile") else {
         return;
-    }
-    let env = Env::new("lazy-hostile");
-    let reg = Registry::start(&env.base.join("registry"), None);
+    };
     let tar = layer_of(&[
         Entry::File("ok", b"fine\n"),
         Entry::File("liar", &noise(3 << 20, 7)),
@@ -472,8 +472,8 @@ fn hostile_tocs_refused_and_lying_chunks_read_as_eio() {
 #[test]
 fn registries_that_ignore_or_drop_ranges() {
     use common::fake_registry::{Answer, FakeRegistry};
-    if let Some(why) = no_fuse() {
-        eprintln!("SKIPPED: {why}");
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIPPED: no /dev/fuse on this machine");
         return;
     }
     let env = Env::new("lazy-ranges");
@@ -568,12 +568,9 @@ fn registries_that_ignore_or_drop_ranges() {
 /// in the pod and read through the lazy view.
 #[test]
 fn lazy_layers_in_a_user_namespace_pod() {
-    if let Some(why) = no_fuse() {
-        eprintln!("SKIPPED: {why}");
+    let Some((env, reg)) = start("lazy-userns") else {
         return;
-    }
-    let env = Env::new("lazy-userns");
-    let reg = Registry::start(&env.base.join("registry"), None);
+    };
     let (bb, bb_plain, bb_toc) = estargz_of(&layer_tar(), &[], 4 << 20);
     let data_tar = layer_of(&[Entry::File("data/hello", b"hello from the lazy layer\n")]);
     let (data, data_plain, data_toc) = estargz_of(&data_tar, &[], 1 << 20);

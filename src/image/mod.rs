@@ -14,11 +14,13 @@ mod auth_file;
 mod endpoints;
 #[doc(hidden)]
 pub mod estargz;
+mod fetch;
 mod hosts_toml;
 #[doc(hidden)]
 pub mod in_flight;
 #[doc(hidden)]
 pub mod lazy;
+mod lazy_dirs;
 #[doc(hidden)]
 pub mod policy;
 #[doc(hidden)]

@@ -278,7 +278,9 @@ impl ImageStore {
     /// Lazy layers whose server is gone (a reboot) are removed, and the images that named
     /// one not unpacked otherwise are dropped: kubelet pulls them again.
     fn drop_lost_lazy_layers(&self) -> Result<()> {
-        let lost: HashSet<String> = super::lazy::sweep_lost(self).into_iter().collect();
+        let lost: HashSet<String> = super::lazy_dirs::sweep_lost(&self.dir)
+            .into_iter()
+            .collect();
         if lost.is_empty() || !self.dir.join("images.json").exists() {
             return Ok(());
         }
@@ -399,8 +401,8 @@ impl ImageStore {
 
     /// The mount of a lazy layer that is served, if any.
     fn lazy_lower(&self, diff_id: &str) -> Option<PathBuf> {
-        let d = super::lazy::dir(self, diff_id).ok()?;
-        super::lazy::is_ready(&d).then(|| super::lazy::mount_point(&d))
+        let d = super::lazy_dirs::dir(&self.dir, digest_hex(diff_id).ok()?);
+        super::lazy_dirs::is_ready(&d).then(|| super::lazy_dirs::mount_point(&d))
     }
 
     /// Where a layer is stacked from: its unpacked dir, else its lazy mount, else the
@@ -707,7 +709,7 @@ impl ImageStore {
         let lazy = self.dir.join("lazy");
         for p in self.unused_locked(in_use) {
             if p.parent() == Some(lazy.as_path()) {
-                match super::lazy::remove(&p) {
+                match super::lazy_dirs::remove(&p) {
                     Ok(()) => layers += 1,
                     Err(e) => {
                         tracing::warn!(layer = %p.display(), error = %e, "cannot remove unused lazy layer")

@@ -89,10 +89,44 @@ impl Registry {
         layers: &[Vec<u8>],
         config: &[u8],
     ) -> String {
+        let layers: Vec<_> = layers
+            .iter()
+            .map(|l| (l.clone(), serde_json::Value::Null))
+            .collect();
+        self.push_with(repo, tag, user, &layers, config)
+    }
+
+    /// Pushes an image whose layers are pushed as given with their manifest annotations
+    /// (`(blob, annotations)`; eStargz layers name their TOC digest there); returns the
+    /// manifest's digest.
+    pub fn push_annotated(
+        &self,
+        repo: &str,
+        tag: &str,
+        layers: &[(Vec<u8>, serde_json::Value)],
+        config: &[u8],
+    ) -> String {
+        self.push_with(repo, tag, None, layers, config)
+    }
+
+    /// The gzip `layers` (annotations: none where null), `config` and their manifest as
+    /// `<repo>:<tag>`; the manifest's digest.
+    fn push_with(
+        &self,
+        repo: &str,
+        tag: &str,
+        user: Option<(&str, &str)>,
+        layers: &[(Vec<u8>, serde_json::Value)],
+        config: &[u8],
+    ) -> String {
         let mut descs = Vec::new();
-        for l in layers {
+        for (l, ann) in layers {
             self.push_blob(repo, user, l);
-            descs.push(serde_json::json!({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": super::busybox::sha(l), "size": l.len()}));
+            let mut d = serde_json::json!({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": super::busybox::sha(l), "size": l.len()});
+            if !ann.is_null() {
+                d["annotations"] = ann.clone();
+            }
+            descs.push(d);
         }
         self.push_blob(repo, user, config);
         let manifest = serde_json::to_vec(&serde_json::json!({
@@ -106,39 +140,6 @@ impl Registry {
             repo,
             tag,
             user,
-            &manifest,
-            "application/vnd.oci.image.manifest.v1+json",
-        );
-        super::busybox::sha(&manifest)
-    }
-
-    /// Pushes an image whose layers are pushed as given with their manifest annotations
-    /// (`(blob, annotations)`; eStargz layers name their TOC digest there); returns the
-    /// manifest's digest.
-    pub fn push_annotated(
-        &self,
-        repo: &str,
-        tag: &str,
-        layers: &[(Vec<u8>, serde_json::Value)],
-        config: &[u8],
-    ) -> String {
-        let mut descs = Vec::new();
-        for (l, ann) in layers {
-            self.push_blob(repo, None, l);
-            descs.push(serde_json::json!({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": super::busybox::sha(l), "size": l.len(), "annotations": ann}));
-        }
-        self.push_blob(repo, None, config);
-        let manifest = serde_json::to_vec(&serde_json::json!({
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": super::busybox::sha(config), "size": config.len()},
-            "layers": descs,
-        }))
-        .unwrap();
-        self.push_manifest(
-            repo,
-            tag,
-            None,
             &manifest,
             "application/vnd.oci.image.manifest.v1+json",
         );

@@ -34,7 +34,7 @@ pub struct LazyFs {
     unpacked: Arc<OnceLock<OwnedFd>>,
     /// Files of the unpacked layer open for reads, by node (at most [`OPEN_FILES`]).
     open: Mutex<HashMap<u32, Arc<File>>>,
-    /// The node-wide marker of containers reading (`lazy::reads_marker`), and when it was
+    /// The node-wide marker of containers reading (`lazy_dirs::reads_marker`), and when it was
     /// touched last (ms since `born`).
     marker: std::path::PathBuf,
     born: std::time::Instant,
@@ -266,7 +266,7 @@ impl Filesystem for LazyFs {
         if n.kind != Kind::Reg {
             return reply.error(Errno::EINVAL);
         }
-        super::touch_reads(&self.marker, self.born, &self.touched);
+        super::super::lazy_dirs::touch_reads(&self.marker, self.born, &self.touched);
         if let Some(b) = self.unpacked_bytes((ino.0 - 1) as u32, n, offset, u64::from(size)) {
             return reply.data(&b);
         }

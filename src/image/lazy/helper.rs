@@ -113,14 +113,14 @@ fn serve(dir: &Path, spec: Spec, tree: Arc<Tree>) -> Result<(), String> {
         )
         .map_err(|e| format!("the blob cache {}: {e}", cache.display()))?,
     );
-    let mnt = super::mount_point(dir);
+    let mnt = super::super::lazy_dirs::mount_point(dir);
     let fuse = mount(&mnt)?;
     let unpacked = Arc::new(std::sync::OnceLock::new());
     let fs = LazyFs::new(
         tree.clone(),
         blob.clone(),
         unpacked.clone(),
-        super::reads_marker(&spec.store),
+        super::super::lazy_dirs::reads_marker(&spec.store),
     );
     let config = {
         let mut c = fuser::Config::default();
@@ -237,14 +237,14 @@ fn complete(spec: &Spec, dir: &Path, unpacked: &std::sync::OnceLock<OwnedFd>) {
                 crate::error::Error::Host(crate::error::HostError::Other(e.to_string()))
             })?,
         );
-        super::super::pull::fetch_whole(
+        super::super::fetch::fetch_whole(
             &store,
             &reg,
             &spec.digest,
             spec.size,
             &spec.diff_id,
             &estargz::META_NAMES,
-            Some(super::reads_marker(&spec.store)),
+            Some(super::super::lazy_dirs::reads_marker(&spec.store)),
         )
         .await
     });

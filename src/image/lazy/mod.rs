@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use super::endpoints::Endpoint;
 use super::estargz::{self, Tree};
+use super::lazy_dirs::{dir, is_ready, mount_point, remove, server_lives};
 use super::registry::{Creds, Registry, RegistryError};
 use super::store::ImageStore;
 use crate::error::{Error, HostError};
@@ -60,87 +61,6 @@ pub struct Spec {
     /// The image store's dir and settings (the completed layer is unpacked into it).
     pub store: PathBuf,
     pub store_cfg: crate::config::StoreConfig,
-}
-
-/// A lazy layer's dir: `images/lazy/<hex of the diff id>`.
-pub fn dir(store: &ImageStore, diff_id: &str) -> crate::error::Result<PathBuf> {
-    Ok(store
-        .dir
-        .join("lazy")
-        .join(super::store::digest_hex(diff_id)?))
-}
-
-/// Its mount point.
-pub fn mount_point(dir: &Path) -> PathBuf {
-    dir.join("mnt")
-}
-
-/// Whether the layer of this dir is served (its server said so, and the marker is written
-/// only then; a server ends only when its mount is gone).
-pub fn is_ready(dir: &Path) -> bool {
-    dir.join("ready").exists()
-}
-
-/// Whether the layer's server lives: the pid it wrote is a `sandboxd lazyfs` of this dir.
-/// (Asked of the process table, not of the mount: a server busy with a slow registry would
-/// hold a `statfs` of its mount as long.)
-fn server_lives(dir: &Path) -> bool {
-    let Some(pid) = std::fs::read_to_string(dir.join("pid"))
-        .ok()
-        .and_then(|p| p.trim().parse::<i32>().ok())
-        .filter(|p| *p > 0)
-    else {
-        return false;
-    };
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let want = dir.as_os_str().as_encoded_bytes();
-    cmdline.split(|b| *b == 0).any(|a| a == b"lazyfs")
-        && cmdline.split(|b| *b == 0).any(|a| a == want)
-}
-
-/// Unmounts a lazy layer (detached: containers using it keep their view until they go, and
-/// its server ends with the last of them) and removes its dir.
-pub fn remove(dir: &Path) -> Result<(), HostError> {
-    let m = mount_point(dir);
-    // Unmounted until nothing is mounted there (a mount made twice over).
-    for _ in 0..4 {
-        match nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH) {
-            Ok(()) => continue,
-            Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => break,
-            Err(e) => return Err(HostError::sys("unmount lazy layer", &m, e)),
-        }
-    }
-    match std::fs::remove_dir_all(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(HostError::io("remove", dir, e)),
-    }
-}
-
-/// At start: the lazy layers whose server is gone (a reboot, a killed server) are removed;
-/// returns the diff ids of those not also unpacked (the images naming them are dropped).
-pub fn sweep_lost(store: &ImageStore) -> Vec<String> {
-    let root = store.dir.join("lazy");
-    let mut lost = Vec::new();
-    // (Dot files are the servers' shared markers and slots, no layer.)
-    for name in crate::state::list_dir(&root)
-        .into_iter()
-        .filter(|n| !n.starts_with('.'))
-    {
-        let d = root.join(&name);
-        if is_ready(&d) && server_lives(&d) {
-            continue;
-        }
-        tracing::warn!(layer = %name, "lazy layer without its server (the node rebooted, or the server was killed): removed");
-        if let Err(e) = remove(&d) {
-            tracing::warn!(layer = %name, error = %e, "cannot remove a lost lazy layer");
-        }
-        let diff_id = format!("sha256:{name}");
-        if !store.has_layer(&diff_id) {
-            lost.push(diff_id);
-        }
-    }
-    lost
 }
 
 /// Bytes `start..end` of blob `digest` of `size` bytes by one range request: `None` when the
@@ -184,57 +104,6 @@ pub(crate) async fn fetch_range(
         )));
     }
     Ok(Some(body))
-}
-
-/// The node-wide marker that a container reads a lazy layer (its mtime, touched at most
-/// every 50 ms by every layer's server): background completions pause while it is fresh.
-pub(crate) fn reads_marker(store_dir: &Path) -> PathBuf {
-    store_dir.join("lazy").join(".reads")
-}
-
-/// Touches the reads marker (rate-limited by `last`, ms since `born`).
-pub(crate) fn touch_reads(
-    marker: &Path,
-    born: std::time::Instant,
-    last: &std::sync::atomic::AtomicU64,
-) {
-    use std::sync::atomic::Ordering;
-    let now = born.elapsed().as_millis() as u64 + 1;
-    if now < last.load(Ordering::Relaxed) + 50 {
-        return;
-    }
-    last.store(now, Ordering::Relaxed);
-    let _ = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(marker)
-        .and_then(|f| f.set_modified(std::time::SystemTime::now()));
-}
-
-/// A background completion's input that pauses while containers read lazy layers (the
-/// marker touched in the last 200 ms), at most 10 s in all, so that it never starves.
-pub(crate) struct Gated<R> {
-    pub inner: R,
-    pub marker: PathBuf,
-    pub paused: Duration,
-}
-
-impl<R: Read> Read for Gated<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let fresh = |m: &Path| {
-            std::fs::metadata(m)
-                .and_then(|x| x.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age < Duration::from_millis(200))
-        };
-        while self.paused < Duration::from_secs(10) && fresh(&self.marker) {
-            std::thread::sleep(Duration::from_millis(50));
-            self.paused += Duration::from_millis(50);
-        }
-        self.inner.read(buf)
-    }
 }
 
 /// What [`mount`] did.
@@ -301,7 +170,7 @@ pub async fn mount(
         max_bytes: store.cfg.max_layer_bytes,
     };
     let tree = Tree::parse(&json, toc_offset, limits).map_err(|m| invalid(digest, m))?;
-    let d = dir(store, diff_id)?;
+    let d = dir(&store.dir, super::store::digest_hex(diff_id)?);
     if is_ready(&d) && server_lives(&d) {
         return Ok(Mounted::Yes);
     }
