@@ -10,12 +10,13 @@
 //! read-only, nosuid, nodev, allow_other with the kernel checking permissions), answers
 //! lookups and listings from the tree at once, fetches a file's chunks by range request on
 //! first read into a sparse copy of the blob (`blob.rs`: 1 MiB blocks, each fetched once,
-//! bounded in time; a chunk that fails its digest is fetched again once, then the read fails
-//! with EIO and a log line naming the layer and file), and fetches the rest in the background
-//! (the prefetch landmark's files first). A complete blob is checked against the layer
-//! digest and unpacked as any pulled layer (diff id checked) into `layers/<diff id>`, which
-//! the containers created after it use; the mount serves the containers made before until the
-//! image goes. A pod with its own user namespace stacks the mount idmapped, as any layer (the
+//! bounded in time; each chunk decompressed once and checked; a chunk that fails its digest is
+//! fetched again once, then the read fails with EIO and a log line naming the layer and file),
+//! fetches the files before the image's prefetch landmark at once, and in the background pulls
+//! the layer whole as a pull does (`fetch.rs`: digest and diff id checked) into `layers/<diff
+//! id>`, at the lowest priority and giving way to reads. The containers created after that
+//! stack the unpacked layer, and the mount's reads of what it never fetched come from it; the
+//! mount serves the containers made before until the image goes. A pod with its own user namespace stacks the mount idmapped, as any layer (the
 //! server asks for FUSE's idmapped mounts, which the kernel offers from 6.12).
 //!
 //! Removing the image (collection) unmounts the layer (detached: a container still using it
