@@ -107,10 +107,13 @@ pub(crate) fn touch_reads(
         return;
     }
     last.store(now, Ordering::Relaxed);
+    use std::os::unix::fs::OpenOptionsExt;
     let _ = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(marker)
         .and_then(|f| f.set_modified(std::time::SystemTime::now()));
 }
