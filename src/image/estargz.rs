@@ -206,6 +206,8 @@ pub struct Chunk {
 #[derive(Debug, Clone)]
 pub struct Node {
     pub parent: u32,
+    /// Its name in its parent (a hard link's first).
+    pub name: Vec<u8>,
     pub kind: Kind,
     /// Permission bits with setuid/setgid/sticky.
     pub perm: u32,
@@ -213,6 +215,7 @@ pub struct Node {
     pub gid: u32,
     pub size: u64,
     pub mtime: i64,
+    /// Links to it (a dir's: 2 and one per subdir).
     pub nlink: u32,
     pub target: Vec<u8>,
     pub opaque: bool,
@@ -224,6 +227,7 @@ impl Node {
     fn new(parent: u32, kind: Kind, perm: u32) -> Node {
         Node {
             parent,
+            name: Vec::new(),
             kind,
             perm,
             uid: 0,
@@ -437,6 +441,7 @@ impl Tree {
 
     fn add(&mut self, parent: u32, name: &[u8], mut node: Node) -> u32 {
         node.parent = parent;
+        node.name = name.to_vec();
         let id = self.nodes.len() as u32;
         self.nodes.push(node);
         self.nodes[parent as usize]
@@ -467,15 +472,7 @@ impl Tree {
             let shown = e.name.as_str();
             let path = components(&e.name, shown)?;
             if e.kind != "chunk" {
-                if let Some((id, name, end)) = current.take() {
-                    let size = t.nodes[id as usize].size;
-                    if end != size {
-                        return Err(hostile(
-                            &name,
-                            format!("its chunks cover {end} of its {size} bytes"),
-                        ));
-                    }
-                }
+                t.covered(current.take())?;
             }
             if path.len() == 1 && META_NAMES.iter().any(|m| m.as_bytes() == path[0]) {
                 if path[0] == PREFETCH_LANDMARK.as_bytes() {
@@ -648,16 +645,39 @@ impl Tree {
                 current = Some((id, e.name.clone(), len));
             }
         }
-        if let Some((id, name, end)) = current {
-            let size = t.nodes[id as usize].size;
-            if end != size {
-                return Err(hostile(
-                    &name,
-                    format!("its chunks cover {end} of its {size} bytes"),
-                ));
+        t.covered(current)?;
+        // A dir's link count: itself, its parent's entry, each subdir's `..`.
+        let subdirs: Vec<u32> = t
+            .nodes
+            .iter()
+            .map(|n| {
+                n.children
+                    .values()
+                    .filter(|c| t.nodes[**c as usize].kind == Kind::Dir)
+                    .count() as u32
+            })
+            .collect();
+        for (n, k) in t.nodes.iter_mut().zip(subdirs) {
+            if n.kind == Kind::Dir {
+                n.nlink = 2 + k;
             }
         }
         Ok(t)
+    }
+
+    /// The file whose chunks were being read (`(node, name, bytes covered)`) is covered whole.
+    fn covered(&self, current: Option<(u32, String, u64)>) -> Result<(), String> {
+        let Some((id, name, end)) = current else {
+            return Ok(());
+        };
+        let size = self.nodes[id as usize].size;
+        if end != size {
+            return Err(hostile(
+                &name,
+                format!("its chunks cover {end} of its {size} bytes"),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -711,9 +731,8 @@ impl<W: Write> Write for Out<W> {
     }
 }
 
-fn hex(b: &[u8]) -> String {
-    super::unpack::hex(b)
-}
+use super::store::sha256_of;
+use super::unpack::hex;
 
 /// Converts the layer tar `tar` (uncompressed) into an eStargz blob written to `out`.
 pub fn write(tar: &[u8], out: impl Write, opts: &WriteOptions) -> std::io::Result<Written> {
@@ -800,8 +819,8 @@ pub fn write(tar: &[u8], out: impl Write, opts: &WriteOptions) -> std::io::Resul
             size: 1,
             mode: 0o644,
             offset,
-            digest: format!("sha256:{}", hex(&sha2::Sha256::digest([0xfu8]))),
-            chunk_digest: format!("sha256:{}", hex(&sha2::Sha256::digest([0xfu8]))),
+            digest: sha256_of(&[0xf]),
+            chunk_digest: sha256_of(&[0xf]),
             ..Default::default()
         });
         Ok(())
@@ -854,7 +873,7 @@ pub fn write(tar: &[u8], out: impl Write, opts: &WriteOptions) -> std::io::Resul
             continue;
         }
         te.size = content.len() as u64;
-        te.digest = format!("sha256:{}", hex(&sha2::Sha256::digest(content)));
+        te.digest = sha256_of(content);
         let cs = opts.chunk_size.max(1) as usize;
         let n = content.len().div_ceil(cs);
         for c in 0..n {
@@ -865,7 +884,7 @@ pub fn write(tar: &[u8], out: impl Write, opts: &WriteOptions) -> std::io::Resul
                 data.extend_from_slice(padding);
             }
             member(&mut o, &data)?;
-            let d = format!("sha256:{}", hex(&sha2::Sha256::digest(piece)));
+            let d = sha256_of(piece);
             if c == 0 {
                 te.offset = offset;
                 te.chunk_digest = d;
@@ -889,7 +908,7 @@ pub fn write(tar: &[u8], out: impl Write, opts: &WriteOptions) -> std::io::Resul
     // The TOC: a tar entry of its own, the archive's end after it, in one member.
     let json = serde_json::to_vec(&serde_json::json!({"version": 1, "entries": toc}))
         .map_err(std::io::Error::other)?;
-    let toc_digest = format!("sha256:{}", hex(&sha2::Sha256::digest(&json)));
+    let toc_digest = sha256_of(&json);
     let toc_offset = o.n;
     let mut h = tar::Header::new_ustar();
     h.set_path(TOC_NAME)?;
@@ -1019,6 +1038,9 @@ mod tests {
         }
         let small = t.nodes[bin as usize].children[&b"small".to_vec()];
         assert_eq!(t.nodes[small as usize].nlink, 2);
+        // A dir links itself, its parent's entry and each subdir's `..`: `bin` has none.
+        assert_eq!(t.nodes[bin as usize].nlink, 2);
+        assert_eq!(t.nodes[0].nlink, 2 + 3, "root: bin, etc, opt");
         assert_eq!(t.nodes[bin as usize].children[&b"hard".to_vec()], small);
         // The prefetched file comes before the landmark, the rest after.
         let pe = t.prefetch_end.unwrap();

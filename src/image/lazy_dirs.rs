@@ -1,5 +1,5 @@
 //! Where the image store keeps lazy layers (`images/lazy/<diff id>`: the mount point
-//! `mnt`, the TOC, the read cache, the server's `pid`, the `ready` and `complete` markers),
+//! `mnt`, the TOC, the read cache, the server's `pid`, the `ready` marker),
 //! whether a layer is served, and its removal — the store's side of `lazy/`, which makes
 //! them. Also the node-wide marker by which the servers' background completions give way to
 //! containers reading (`.reads`), and the input that gives way.

@@ -82,8 +82,9 @@ async fn part(
     Ok(resp)
 }
 
-/// Checks a 206's `Content-Range` against the range asked for and the layer's size.
-fn check_range(
+/// Checks a 206's `Content-Range` against the range asked for and the layer's size (also a
+/// lazy layer's range requests, `lazy/`).
+pub(super) fn check_range(
     resp: &reqwest::Response,
     digest: &str,
     start: u64,

@@ -38,9 +38,8 @@ pub struct Blob {
     reg: Registry,
     rt: tokio::runtime::Handle,
     timeout: Duration,
-    /// Bytes and requests fetched so far.
+    /// Bytes fetched so far.
     pub fetched: AtomicU64,
-    pub requests: AtomicU64,
     cache: Mutex<Cache>,
     chunk_loaded: Condvar,
 }
@@ -78,7 +77,6 @@ impl Blob {
             rt,
             timeout,
             fetched: AtomicU64::new(0),
-            requests: AtomicU64::new(0),
             cache: Mutex::default(),
             chunk_loaded: Condvar::new(),
         })
@@ -175,7 +173,6 @@ impl Blob {
             if attempt > 0 {
                 std::thread::sleep(Duration::from_millis(200 << attempt));
             }
-            self.requests.fetch_add(1, Ordering::Relaxed);
             let r = self.rt.block_on(async {
                 tokio::time::timeout(
                     self.timeout,

@@ -107,13 +107,6 @@ impl LazyFs {
     }
 
     fn attr(&self, ino: u64, n: &Node) -> FileAttr {
-        let (kind, rdev) = match n.kind {
-            Kind::Dir => (FileType::Directory, 0),
-            Kind::Reg => (FileType::RegularFile, 0),
-            Kind::Symlink => (FileType::Symlink, 0),
-            Kind::Whiteout => (FileType::CharDevice, 0),
-            Kind::Fifo => (FileType::NamedPipe, 0),
-        };
         let t = if n.mtime >= 0 {
             UNIX_EPOCH + Duration::from_secs(n.mtime as u64)
         } else {
@@ -127,20 +120,13 @@ impl LazyFs {
             mtime: t,
             ctime: t,
             crtime: t,
-            kind,
+            kind: Self::file_type(n),
             perm: n.perm as u16,
-            nlink: if n.kind == Kind::Dir {
-                2 + n
-                    .children
-                    .values()
-                    .filter(|c| self.tree.nodes[**c as usize].kind == Kind::Dir)
-                    .count() as u32
-            } else {
-                n.nlink
-            },
+            nlink: n.nlink,
             uid: n.uid,
             gid: n.gid,
-            rdev,
+            // (A whiteout is overlay's 0:0 character device.)
+            rdev: 0,
             blksize: 4096,
             flags: 0,
         }
@@ -174,20 +160,14 @@ impl LazyFs {
     }
 }
 
+/// The path of node `i` from the layer's root (`/a/b`), by its names up to the root.
 fn path_of(tree: &Tree, mut i: u32) -> String {
     let mut parts = Vec::new();
-    let mut guard = 0;
-    while i != 0 && guard < 4096 {
-        let p = tree.nodes[i as usize].parent;
-        if let Some((name, _)) = tree.nodes[p as usize]
-            .children
-            .iter()
-            .find(|(_, c)| **c == i)
-        {
-            parts.push(String::from_utf8_lossy(name).into_owned());
-        }
-        i = p;
-        guard += 1;
+    // (The tree is one: a parent was made before its children; the bound is a guard.)
+    while i != 0 && parts.len() < 4096 {
+        let n = &tree.nodes[i as usize];
+        parts.push(String::from_utf8_lossy(&n.name).into_owned());
+        i = n.parent;
     }
     parts.reverse();
     format!("/{}", parts.join("/"))
@@ -337,8 +317,7 @@ impl Filesystem for LazyFs {
         match self.node(ino) {
             Some(n) if n.opaque && name.as_bytes() == OPAQUE => match size {
                 0 => reply.size(1),
-                s if s >= 1 => reply.data(b"y"),
-                _ => reply.error(Errno::ERANGE),
+                _ => reply.data(b"y"),
             },
             Some(_) => reply.error(Errno::NO_XATTR),
             None => reply.error(Errno::ENOENT),

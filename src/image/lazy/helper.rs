@@ -7,7 +7,7 @@
 #![allow(unsafe_code)]
 
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -158,13 +158,12 @@ fn serve(dir: &Path, spec: Spec, tree: Arc<Tree>) -> Result<(), String> {
             .map_err(|e| format!("start the prefetch thread: {e}"))?;
     }
     {
-        let (spec, dir) = (spec, dir.to_path_buf());
         let delay = Duration::from_secs(spec.store_cfg.lazy_background_delay_seconds);
         std::thread::Builder::new()
             .name("lazyfs-complete".into())
             .spawn(move || {
                 std::thread::sleep(delay);
-                complete(&spec, &dir, &unpacked)
+                complete(&spec, &unpacked)
             })
             .map_err(|e| format!("start the completion thread: {e}"))?;
     }
@@ -177,17 +176,13 @@ fn serve(dir: &Path, spec: Spec, tree: Arc<Tree>) -> Result<(), String> {
 /// Opens /dev/fuse and mounts it at `mnt`: read-only, nosuid, nodev, any user may read
 /// through it, the kernel checks permissions by the modes.
 fn mount(mnt: &Path) -> Result<OwnedFd, String> {
-    let p = c"/dev/fuse";
-    // SAFETY: open with a valid NUL-terminated path.
-    let fd = unsafe { libc::open(p.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(format!(
-            "open /dev/fuse: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    // SAFETY: a fresh fd we own.
-    let fuse = unsafe { OwnedFd::from_raw_fd(fd) };
+    use nix::fcntl::OFlag;
+    let fuse = nix::fcntl::open(
+        "/dev/fuse",
+        OFlag::O_RDWR | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| format!("open /dev/fuse: {e}"))?;
     let data = format!(
         "fd={},rootmode=40000,user_id=0,group_id=0,allow_other,default_permissions",
         fuse.as_raw_fd()
@@ -209,7 +204,7 @@ fn mount(mnt: &Path) -> Result<OwnedFd, String> {
 /// then hands the unpacked layer to the filesystem (`unpacked`): reads of what no read has
 /// fetched are served from it from then on. All of it at the lowest CPU and I/O priority, on
 /// a runtime of its own: the containers' reads come first.
-fn complete(spec: &Spec, dir: &Path, unpacked: &std::sync::OnceLock<OwnedFd>) {
+fn complete(spec: &Spec, unpacked: &std::sync::OnceLock<OwnedFd>) {
     background_priority();
     let started = Instant::now();
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -231,7 +226,11 @@ fn complete(spec: &Spec, dir: &Path, unpacked: &std::sync::OnceLock<OwnedFd>) {
     let mut cfg = spec.store_cfg.clone();
     (cfg.lazy_pull, cfg.keep_layer_blobs) = (false, false);
     let store = ImageStore::for_layer_server(spec.store.clone(), cfg);
+    // (A pull of the layer whole may have unpacked it meanwhile: not fetched twice.)
     let done = rt.block_on(async {
+        if store.has_layer(&spec.diff_id) {
+            return Ok(());
+        }
         let reg = Arc::new(
             Registry::new(&spec.endpoint, spec.creds.clone()).map_err(|e| {
                 crate::error::Error::Host(crate::error::HostError::Other(e.to_string()))
@@ -274,7 +273,6 @@ fn complete(spec: &Spec, dir: &Path, unpacked: &std::sync::OnceLock<OwnedFd>) {
             tracing::warn!(layer = %spec.digest, error = %e, "lazy layer: cannot open the unpacked layer; reads stay on the blob")
         }
     }
-    let _ = crate::state::files::write_private(&dir.join("complete"), b"");
     tracing::info!(
         layer = %spec.digest,
         diff_id = %spec.diff_id,

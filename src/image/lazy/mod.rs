@@ -84,18 +84,7 @@ pub(crate) async fn fetch_range(
             resp.status()
         )));
     }
-    let want = format!("bytes {start}-{}/{size}", end - 1);
-    let got = resp
-        .headers()
-        .get(reqwest::header::CONTENT_RANGE)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    if got != want {
-        return Err(RegistryError::Invalid(format!(
-            "layer {digest}: asked for {want}, the registry sent the range {got:?}"
-        )));
-    }
+    super::ranged::check_range(&resp, digest, start, end - 1, size)?;
     let len = (end - start) as usize;
     let body = super::registry::read_capped(resp, len, digest).await?;
     if body.len() != len {
@@ -229,27 +218,36 @@ fn start_server(helper: &Path, d: &Path, spec: &Spec) -> Result<(), HostError> {
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(|e| HostError::io("run", helper, e))?;
-    let body = serde_json::to_vec(spec).map_err(|e| HostError::Other(e.to_string()))?;
-    if let Some(mut i) = child.stdin.take() {
-        i.write_all(&body)
-            .map_err(|e| HostError::io("write the spec to", helper, e))?;
-    }
-    // The first process forks the server and exits: reaped here, the server is no child of
-    // the daemon's.
-    let out = child.stdout.take();
-    let _ = child.wait();
-    let Some(out) = out else {
-        return Err(HostError::Other(
-            "no stdout from the lazy layer server".into(),
-        ));
-    };
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = std::io::BufReader::new(out.take(4096)).read_line(&mut line);
-        let _ = tx.send(line);
+    let body = serde_json::to_vec(spec).map_err(|e| HostError::Other(e.to_string()));
+    let written = body.and_then(|b| match child.stdin.take() {
+        // (Dropped after the write: the server reads its spec to the end.)
+        Some(mut i) => i
+            .write_all(&b)
+            .map_err(|e| HostError::io("write the spec to", helper, e)),
+        None => Ok(()),
     });
-    match rx.recv_timeout(READY_TIMEOUT) {
+    let line = match (written, child.stdout.take()) {
+        (Err(e), _) => Err(e),
+        (Ok(()), None) => Err(HostError::Other(
+            "no stdout from the lazy layer server".into(),
+        )),
+        (Ok(()), Some(out)) => {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let mut line = String::new();
+                let _ = std::io::BufReader::new(out.take(4096)).read_line(&mut line);
+                let _ = tx.send(line);
+            });
+            Ok(rx.recv_timeout(READY_TIMEOUT))
+        }
+    };
+    // The first process forks the server and exits at once (reaped here: the server is no
+    // child of the daemon's); one that has not said anything in time is killed first.
+    if !matches!(line, Ok(Ok(_))) {
+        let _ = child.kill();
+    }
+    let _ = child.wait();
+    match line? {
         Ok(l) if l.trim() == "ready" => Ok(()),
         Ok(l) if l.is_empty() => Err(HostError::Other(
             "the lazy layer server exited before it served (its log says why)".into(),
