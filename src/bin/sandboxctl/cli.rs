@@ -260,6 +260,14 @@ pub enum ScaleCmd {
     /// Bring up N pods with one container each, C at a time; at each point print a markdown
     /// row: bring-up rate, RPC latencies, memory per pod.
     Up(crate::scale::Up),
+    /// The list and stats latencies of the node as it is (p50/p99 ms of ListPodSandbox,
+    /// ListContainers, PodSandboxStatus of the run's pods, ListContainerStats), one line.
+    Lists {
+        #[arg(long)]
+        run: String,
+        #[arg(long, default_value_t = 50)]
+        samples: usize,
+    },
     /// Stop and remove every pod of a run, C at a time; print `LABEL PODS PODS/S SECONDS`.
     Down {
         #[arg(long)]

@@ -170,6 +170,9 @@ async fn run(cli: Cli) -> Result<(), String> {
             scale::up(ch, up).await
         }
         Cmd::Scale {
+            cmd: ScaleCmd::Lists { run, samples },
+        } => scale::lists_now(ch, &run, samples).await,
+        Cmd::Scale {
             cmd:
                 ScaleCmd::Down {
                     run,

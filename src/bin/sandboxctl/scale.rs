@@ -270,6 +270,57 @@ where
     Ok(format!("{:.1}/{:.1}", pct(&mut v, 50.0), pct(&mut v, 99.0)))
 }
 
+/// p50/p99 ms of ListPodSandbox, ListContainers, PodSandboxStatus (of `run`'s pods) and
+/// ListContainerStats, `samples` calls each (half for ListContainerStats).
+async fn lists(
+    ch: &Channel,
+    run: &str,
+    samples: usize,
+) -> Result<(String, String, String, String), String> {
+    let c = runtime_client(ch);
+    let ids = pods_of(ch, run).await?;
+    let pods = timed(samples, &c, "ListPodSandbox", |mut c, _| async move {
+        c.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+            .await
+    })
+    .await?;
+    let ps = timed(samples, &c, "ListContainers", |mut c, _| async move {
+        c.list_containers(cri::ListContainersRequest { filter: None })
+            .await
+    })
+    .await?;
+    let status = timed(samples, &c, "PodSandboxStatus", |mut c, i| {
+        let id = ids[(i * 7919) % ids.len()].clone();
+        async move {
+            c.pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: id,
+                verbose: false,
+            })
+            .await
+        }
+    })
+    .await?;
+    let stats = timed(
+        samples.div_ceil(2),
+        &c,
+        "ListContainerStats",
+        |mut c, _| async move {
+            c.list_container_stats(cri::ListContainerStatsRequest { filter: None })
+                .await
+        },
+    )
+    .await?;
+    Ok((pods, ps, status, stats))
+}
+
+/// `scale lists`: the list and stats latencies of the node as it is, one line
+/// (`ListPodSandbox ListContainers PodSandboxStatus ListContainerStats`, p50/p99 ms each).
+pub async fn lists_now(ch: Channel, run: &str, samples: usize) -> Result<(), String> {
+    let (pods, ps, status, stats) = lists(&ch, run, samples.max(1)).await?;
+    println!("{pods} {ps} {status} {stats}");
+    Ok(())
+}
+
 /// `scale up`: one markdown row per point.
 pub async fn up(ch: Channel, u: Up) -> Result<(), String> {
     let u = Arc::new(u);
@@ -299,39 +350,7 @@ pub async fn up(ch: Channel, u: Up) -> Result<(), String> {
             lat.iter().map(|l| l.1).collect(),
             lat.iter().map(|l| l.2).collect(),
         );
-        let c = runtime_client(&ch);
-        let ids = pods_of(&ch, &u.run).await?;
-        let pods = timed(u.samples, &c, "ListPodSandbox", |mut c, _| async move {
-            c.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
-                .await
-        })
-        .await?;
-        let ps = timed(u.samples, &c, "ListContainers", |mut c, _| async move {
-            c.list_containers(cri::ListContainersRequest { filter: None })
-                .await
-        })
-        .await?;
-        let status = timed(u.samples, &c, "PodSandboxStatus", |mut c, i| {
-            let id = ids[(i * 7919) % ids.len()].clone();
-            async move {
-                c.pod_sandbox_status(cri::PodSandboxStatusRequest {
-                    pod_sandbox_id: id,
-                    verbose: false,
-                })
-                .await
-            }
-        })
-        .await?;
-        let stats = timed(
-            u.samples.div_ceil(2),
-            &c,
-            "ListContainerStats",
-            |mut c, _| async move {
-                c.list_container_stats(cri::ListContainerStatsRequest { filter: None })
-                    .await
-            },
-        )
-        .await?;
+        let (pods, ps, status, stats) = lists(&ch, &u.run, u.samples).await?;
         let (d, p, one_uss) = memory(u.daemon_pid, &u.procs);
         let per_pod = |a: u64, b: u64| (a.saturating_sub(b)) as f64 / 1024.0 / point as f64;
         println!(
