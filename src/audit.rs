@@ -23,9 +23,9 @@ use crate::validate;
 
 pub use crate::model::audit::{Kind, Orphan, Report};
 
-/// The start-up sweep, once the records are restored: what no record references now is an
-/// orphan of the last run (a crash between a host step and the record naming it), collected
-/// at once by the audit's own finders, in teardown order. The image store's kinds are left to
+/// The start-up sweep (see [`Runtime::sweep_left_over`]), once the records are restored: what
+/// no record references now is an orphan of the last run (a crash between a host step and the
+/// record naming it), collected at once by the audit's own finders, in teardown order. The image store's kinds are left to
 /// its own start-up work (`tmp/` when it opens, unused content once containers are
 /// reconciled). `sandboxctl doctor` lists what appears later.
 pub(crate) fn sweep_at_start(rt: &Runtime) {
@@ -470,10 +470,15 @@ fn remove(rt: &Runtime, o: &Orphan) -> std::result::Result<(), String> {
     }
 }
 
+/// The longest an audit waits for the start-up sweep (each of its host calls is bounded; a
+/// sweep stuck past this is the audit's to report on).
+const START_UP_SWEEP_WAIT: Duration = Duration::from_secs(120);
+
 impl Runtime {
     /// Lists what this daemon left on the host that no record owns (see [`audit`](self)),
     /// and publishes the counts as metrics.
     pub fn audit(&self) -> Report {
+        self.start_up_swept.wait(START_UP_SWEEP_WAIT);
         let r = audit(self);
         self.metrics.record_audit(&r);
         r
@@ -482,6 +487,7 @@ impl Runtime {
     /// [`Runtime::audit`], removing the orphans at least `grace` old. The metrics count what
     /// is left.
     pub fn audit_fix(&self, grace: Duration) -> Report {
+        self.start_up_swept.wait(START_UP_SWEEP_WAIT);
         let r = fix(self, grace);
         let mut left = r.clone();
         left.orphans.retain(|o| !matches!(o.fixed, Some(Ok(()))));

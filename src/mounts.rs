@@ -204,8 +204,9 @@ pub fn make_shared_dir(dir: &Path) -> Result<(), HostError> {
     make_shared_dirs(&[dir.to_path_buf()])
 }
 
-/// [`make_shared_dir`] for each of `dirs`, the mount table read once for all of them (at a
-/// thousand pods it is thousands of lines, ~80 ms to read here).
+/// [`make_shared_dir`] for each of `dirs`. Whether each is a mount root already comes from
+/// statx (5.8); only a kernel without that reads the mount table, once for all of them (at
+/// 1,000 pods it is 5,000 lines, tens of ms to read).
 pub fn make_shared_dirs(dirs: &[PathBuf]) -> Result<(), HostError> {
     let mut real = Vec::new();
     for dir in dirs {
@@ -214,36 +215,58 @@ pub fn make_shared_dirs(dirs: &[PathBuf]) -> Result<(), HostError> {
         // compare with that, or every call would bind the dir onto itself again, and with
         // shared propagation each bind doubles the mounts there.
         let r = std::fs::canonicalize(dir).map_err(|e| HostError::io("resolve", dir, e))?;
-        // (Dirs named twice are bound once: the table is not read again in between.)
+        // (Dirs named twice are bound once.)
         if !real.contains(&r) {
             real.push(r);
         }
     }
-    let table = mountinfo()?;
+    let mut unknown = Vec::new();
     for dir in &real {
-        let dir = dir.as_path();
-        match table.iter().rev().find(|m| m.mount_point == dir) {
-            Some(m) if m.optional.iter().any(|o| o.starts_with("shared:")) => continue,
-            Some(_) => {}
-            None => mount(
-                Some(dir),
-                dir,
-                None::<&str>,
-                MsFlags::MS_BIND | MsFlags::MS_REC,
-                None::<&str>,
-            )
-            .map_err(|e| HostError::sys("bind-mount onto itself", dir, e))?,
+        match mount_root_attr(dir) {
+            Some(true) => make_shared(dir, MsFlags::empty())?,
+            Some(false) => bind_shared(dir)?,
+            None => unknown.push(dir),
         }
-        mount(
-            None::<&str>,
-            dir,
-            None::<&str>,
-            MsFlags::MS_SHARED | MsFlags::MS_REC,
-            None::<&str>,
-        )
-        .map_err(|e| HostError::sys("make shared", dir, e))?;
+    }
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let table = mountinfo()?;
+    for dir in unknown {
+        match table.iter().rev().find(|m| &m.mount_point == dir) {
+            Some(m) if m.optional.iter().any(|o| o.starts_with("shared:")) => {}
+            Some(_) => make_shared(dir, MsFlags::empty())?,
+            None => bind_shared(dir)?,
+        }
     }
     Ok(())
+}
+
+/// Makes the mount at `dir` shared (`MS_REC` in `more`: with its submounts). A mount root
+/// already shared is left as it is by the kernel; its submounts (the pins) are not touched
+/// unless asked.
+fn make_shared(dir: &Path, more: MsFlags) -> Result<(), HostError> {
+    mount(
+        None::<&str>,
+        dir,
+        None::<&str>,
+        MsFlags::MS_SHARED | more,
+        None::<&str>,
+    )
+    .map_err(|e| HostError::sys("make shared", dir, e))
+}
+
+/// Binds `dir` onto itself and makes the new mount (with what it carried along) shared.
+fn bind_shared(dir: &Path) -> Result<(), HostError> {
+    mount(
+        Some(dir),
+        dir,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|e| HostError::sys("bind-mount onto itself", dir, e))?;
+    make_shared(dir, MsFlags::MS_REC)
 }
 
 /// Is `path` the root of a mount (a mount point), whatever the filesystem (bind mounts of

@@ -434,10 +434,12 @@ fn shared_dir_through_a_symlink_is_mounted_once() {
     for _ in 0..3 {
         sandboxd::mounts::make_shared_dir(&link).unwrap();
     }
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mounts: Vec<&str> = table
         .lines()
         .filter(|l| l.split(' ').nth(4) == Some(real.to_str().unwrap()))
-        .count();
-    assert_eq!(mounts, 1, "mounts stacked on {}", real.display());
+        .collect();
+    assert_eq!(mounts.len(), 1, "mounts stacked on {}", real.display());
+    // Shared, so that the pins made in it later reach the runtime's mount namespace.
+    assert!(mounts[0].contains(" shared:"), "{}", mounts[0]);
 }

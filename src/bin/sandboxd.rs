@@ -327,8 +327,18 @@ fn daemon(cfg: DaemonConfig) -> Result<(), sandboxd::Error> {
     let socket = cfg.socket.clone();
     let started = Instant::now();
     server::raise_fd_limit();
-    let rt = Arc::new(Runtime::new(cfg.runtime.clone())?);
+    let rt = Arc::new(Runtime::restored(cfg.runtime.clone())?);
     let listener = server::bind_socket(&socket)?;
+    // What the last run left on the host is collected while the socket serves, at the
+    // lowest priority: the node's first calls after a restart go first.
+    let sweeper = Arc::clone(&rt);
+    std::thread::Builder::new()
+        .name("start-up-sweep".into())
+        .spawn(move || {
+            sandboxd::process::priority::lower_this_thread(false);
+            sweeper.sweep_left_over()
+        })
+        .map_err(|e| sandboxd::Error::Config(format!("cannot start the start-up sweep: {e}")))?;
     let metrics = cfg
         .metrics_address
         .map(|a| server::bind_metrics(a, cfg.metrics_allow_remote))

@@ -73,56 +73,60 @@ fn register(rt: &Runtime, mut rec: ContainerRecord) {
 pub(crate) fn reconcile(rt: &Runtime) {
     let entries: Vec<Arc<ContainerEntry>> =
         lock(&rt.registry).containers.values().cloned().collect();
-    for entry in entries {
-        let rec = lock(&entry.record).clone();
-        if lock(&rt.quarantine).sandboxes.contains_key(&rec.sandbox_id) {
-            tracing::warn!(container_id = %rec.id, sandbox_id = %rec.sandbox_id, "its sandbox is quarantined; left as it is");
-            continue;
+    // Each container on its own (its record, files and processes), a few at once: at 1,000
+    // pods the checks of the monitors' processes are a fifth of a restart.
+    crate::metrics::par_map(entries, |entry| reconcile_one(rt, &entry));
+}
+
+fn reconcile_one(rt: &Runtime, entry: &ContainerEntry) {
+    let rec = lock(&entry.record).clone();
+    if lock(&rt.quarantine).sandboxes.contains_key(&rec.sandbox_id) {
+        tracing::warn!(container_id = %rec.id, sandbox_id = %rec.sandbox_id, "its sandbox is quarantined; left as it is");
+        return;
+    }
+    if rt.lookup(&rec.sandbox_id).ok().flatten().is_none() {
+        tracing::info!(container_id = %rec.id, sandbox_id = %rec.sandbox_id, "removing a container whose sandbox is gone");
+        let _op = lock(&entry.op);
+        if let Err(e) = super::remove::remove_locked(rt, entry) {
+            tracing::warn!(container_id = %rec.id, error = %e, "cannot remove orphaned container");
         }
-        if rt.lookup(&rec.sandbox_id).ok().flatten().is_none() {
-            tracing::info!(container_id = %rec.id, sandbox_id = %rec.sandbox_id, "removing a container whose sandbox is gone");
-            let _op = lock(&entry.op);
-            if let Err(e) = super::remove::remove_locked(rt, &entry) {
-                tracing::warn!(container_id = %rec.id, error = %e, "cannot remove orphaned container");
-            }
-            continue;
-        }
-        // (The exit file is read once, below, after the watch is set: an exit it shows is
-        // folded in there.)
-        // What the runtime says, asked only for records whose step may have been in flight
-        // (a crash between `runtime start` and the record saying so) or whose monitor is gone.
-        let runtime_status = || {
-            rt.handler(&rec.runtime_handler)
-                .ok()
-                .and_then(|r| r.state(&rec.id).ok().flatten())
-                .map(|s| s.status)
-        };
-        if rec.state == ContainerState::Created && runtime_status().as_deref() == Some("running") {
-            tracing::info!(container_id = %rec.id, "the container was started before the crash: recording it running");
-            let _ = entry.update(|r| {
-                r.state = ContainerState::Running;
-                r.started_at = crate::process::start_time_nanos(r.pid).unwrap_or_else(now_nanos);
+        return;
+    }
+    // (The exit file is read once, below, after the watch is set: an exit it shows is
+    // folded in there.)
+    // What the runtime says, asked only for records whose step may have been in flight
+    // (a crash between `runtime start` and the record saying so) or whose monitor is gone.
+    let runtime_status = || {
+        rt.handler(&rec.runtime_handler)
+            .ok()
+            .and_then(|r| r.state(&rec.id).ok().flatten())
+            .map(|s| s.status)
+    };
+    if rec.state == ContainerState::Created && runtime_status().as_deref() == Some("running") {
+        tracing::info!(container_id = %rec.id, "the container was started before the crash: recording it running");
+        let _ = entry.update(|r| {
+            r.state = ContainerState::Running;
+            r.started_at = crate::process::start_time_nanos(r.pid).unwrap_or_else(now_nanos);
+        });
+        rt.emit(crate::events::EventKind::Started, &rec.id, &rec.sandbox_id);
+    }
+    // Watched before the last look at the exit file: an exit from now on wakes the watcher.
+    if matches!(rec.state, ContainerState::Running | ContainerState::Created) {
+        rt.exit_watch.add(&rec.id, &rec.dir);
+    }
+    let rec = super::status::refresh(rt, entry);
+    if matches!(rec.state, ContainerState::Running | ContainerState::Created) {
+        let gone = rec.files().monitor_gone_without_exit();
+        if gone && runtime_status().as_deref() == Some("running") {
+            tracing::warn!(container_id = %rec.id, "the container's monitor is gone but the container runs: its output is no longer logged");
+        } else if gone {
+            tracing::warn!(container_id = %rec.id, "container's monitor vanished while the daemon was down");
+            super::status::mark_exited(rt, entry, |r| {
+                r.exit_code = 255;
+                r.reason = "Unknown".into();
+                r.message = "the monitor exited without recording the container's exit (host reboot or kill)".into();
+                r.finished_at = now_nanos();
             });
-            rt.emit(crate::events::EventKind::Started, &rec.id, &rec.sandbox_id);
-        }
-        // Watched before the last look at the exit file: an exit from now on wakes the watcher.
-        if matches!(rec.state, ContainerState::Running | ContainerState::Created) {
-            rt.exit_watch.add(&rec.id, &rec.dir);
-        }
-        let rec = super::status::refresh(rt, &entry);
-        if matches!(rec.state, ContainerState::Running | ContainerState::Created) {
-            let gone = rec.files().monitor_gone_without_exit();
-            if gone && runtime_status().as_deref() == Some("running") {
-                tracing::warn!(container_id = %rec.id, "the container's monitor is gone but the container runs: its output is no longer logged");
-            } else if gone {
-                tracing::warn!(container_id = %rec.id, "container's monitor vanished while the daemon was down");
-                super::status::mark_exited(rt, &entry, |r| {
-                    r.exit_code = 255;
-                    r.reason = "Unknown".into();
-                    r.message = "the monitor exited without recording the container's exit (host reboot or kill)".into();
-                    r.finished_at = now_nanos();
-                });
-            }
         }
     }
 }

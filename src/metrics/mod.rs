@@ -42,7 +42,17 @@ const PER_THREAD: usize = 64;
 /// files is kernel time that parallelizes.
 pub(crate) fn par_map<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = cpus.min(4).min(items.len() / PER_THREAD).max(1);
+    par_map_on(cpus.min(4), items, f)
+}
+
+/// [`par_map`] on up to `max_threads` threads, whatever the CPUs: for work that waits on the
+/// disk (reading a thousand small files the page cache no longer holds) rather than on a CPU.
+pub(crate) fn par_map_on<T: Send, R: Send>(
+    max_threads: usize,
+    items: Vec<T>,
+    f: impl Fn(T) -> R + Sync,
+) -> Vec<R> {
+    let threads = max_threads.min(items.len() / PER_THREAD).max(1);
     if threads == 1 {
         return items.into_iter().map(f).collect();
     }

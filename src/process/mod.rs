@@ -12,9 +12,11 @@
 //! - `tree`: liveness (a zombie is not alive), `/proc` stat, killing a process tree;
 //! - `pidfile`: pid files and killing the process one names;
 //! - `spawn`: spawning with a umask and mount namespace without forking the daemon;
+//! - `priority`: background work at the lowest CPU and I/O priority;
 
 mod output;
 mod pidfile;
+pub mod priority;
 mod run;
 mod slots;
 mod spawn;

@@ -71,6 +71,9 @@ pub struct Runtime {
     pub(crate) cdi: cdi::Registry,
     /// NRI plugins: their socket, their hooks in the verbs (see `nri/`).
     pub(crate) nri: nri::Nri,
+    /// Set once the start-up sweep is done ([`Runtime::sweep_left_over`]); the audit waits
+    /// for it, so that it does not report what the sweep is about to remove.
+    pub(crate) start_up_swept: state::Latch,
 }
 /// The outcome of one pull, shared by everyone who asked for it while it ran.
 pub(crate) struct PullCell {

@@ -3,12 +3,14 @@
 
 pub mod files;
 mod ids;
+mod latch;
 mod names;
 mod persist;
 mod quarantine;
 pub mod registry;
 
 pub use ids::{short_hash, IdIndex};
+pub use latch::Latch;
 pub use names::NameReservations;
 pub use persist::{
     disk_usage, list_dir, read_json, read_record, record_dirs, sync_dir, sync_filesystem,

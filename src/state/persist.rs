@@ -138,19 +138,24 @@ pub fn disk_usage(path: &Path) -> (u64, u64) {
     (bytes, inodes)
 }
 
+/// Threads reading records at start: the reads wait on the disk more than on a CPU when the
+/// files are cold (after a reboot; on hosts that reclaim the page cache).
+const RECORD_READERS: usize = 8;
+
 /// One record dir: its id, its path and its record as [`read_json`] read it.
 pub type RecordDir<T> = (String, std::path::PathBuf, Result<Option<T>, HostError>);
 
 /// What is in a record dir: one subdirectory per full id, each holding `state.json`. Returns
 /// `(id, its dir, its record as [`read_record`] reads it with `max_format`)`; other entries
-/// are skipped with a warning naming `kind`.
-pub fn record_dirs<T: DeserializeOwned>(
+/// are skipped with a warning naming `kind`. The records are read and parsed on several
+/// threads: at 1,000 pods this was a third of a restart.
+pub fn record_dirs<T: DeserializeOwned + Send>(
     dir: &Path,
     kind: &str,
     max_format: u32,
 ) -> Result<Vec<RecordDir<T>>, HostError> {
     let entries = std::fs::read_dir(dir).map_err(|e| HostError::io("read", dir, e))?;
-    let mut out = Vec::new();
+    let mut found = Vec::new();
     for e in entries.filter_map(|e| e.ok()) {
         let path = e.path();
         let id = e.file_name().to_str().map(str::to_string);
@@ -159,15 +164,21 @@ pub fn record_dirs<T: DeserializeOwned>(
                 if crate::validate::full_id(&id).is_ok()
                     && e.file_type().is_ok_and(|t| t.is_dir()) =>
             {
-                let rec = read_record(&path.join("state.json"), max_format);
-                out.push((id, path, rec));
+                found.push((id, path));
             }
             _ => {
                 tracing::warn!(path = %path.display(), "ignoring unexpected entry in the {kind} dir")
             }
         }
     }
-    Ok(out)
+    Ok(crate::metrics::par_map_on(
+        RECORD_READERS,
+        found,
+        |(id, path)| {
+            let rec = read_record(&path.join("state.json"), max_format);
+            (id, path, rec)
+        },
+    ))
 }
 
 /// Reads a JSON record; a missing file is `Ok(None)`, a corrupt one an error.

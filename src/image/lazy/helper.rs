@@ -299,11 +299,5 @@ fn completion_slot(store: &Path, n: usize) -> Option<std::fs::File> {
 
 /// This thread (and those it starts) at nice 19 and the idle I/O class.
 fn background_priority() {
-    // SAFETY: gettid, setpriority and ioprio_set on this thread, with constant arguments.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, 19);
-        // IOPRIO_WHO_PROCESS = 1, IOPRIO_CLASS_IDLE = 3 << 13.
-        libc::syscall(libc::SYS_ioprio_set, 1, tid, 3 << 13);
-    }
+    crate::process::priority::lower_this_thread(true);
 }
