@@ -47,7 +47,7 @@ impl Runtime {
             .iter()
             .map(|e| crate::state::lock(&e.record).clone())
             .collect();
-        containers.sort_by_key(|r| (r.created_at, r.id.clone()));
+        containers.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         self.events.publish(Event {
             kind,
             container_id: id.to_string(),

@@ -34,11 +34,15 @@ pub(crate) fn status(rt: &Runtime, id: &str) -> Result<SandboxStatus> {
 /// ListPodSandbox, oldest first.
 pub(crate) fn list(rt: &Runtime, filter: &SandboxFilter) -> Vec<SandboxStatus> {
     let entries: Vec<_> = lock(&rt.registry).sandboxes.values().cloned().collect();
+    // Each status made under its record's lock: a clone of the whole record (its network
+    // cache entry and config) for each pod was most of a list at 1,000 pods.
     let mut out: Vec<SandboxStatus> = entries
         .iter()
-        .map(|e| lock(&e.record).clone())
-        .filter(|r| filter.matches(r) && !rt.nri.hides(&r.id))
-        .map(|r| r.status())
+        .filter_map(|e| {
+            let r = lock(&e.record);
+            filter.matches(&r).then(|| r.status())
+        })
+        .filter(|s| !rt.nri.hides(&s.id))
         .collect();
     // Quarantined pods too, NotReady with what is known, so that kubelet's garbage
     // collector removes them (RemovePodSandbox finishes their teardown).
@@ -56,7 +60,7 @@ pub(crate) fn list(rt: &Runtime, filter: &SandboxFilter) -> Vec<SandboxStatus> {
             })
             .map(|(id, why)| quarantined_status(rt, id, why)),
     );
-    out.sort_by_key(|s| (s.created_at, s.id.clone()));
+    out.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
     out
 }
 
