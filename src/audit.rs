@@ -25,9 +25,9 @@ pub use crate::model::audit::{Kind, Orphan, Report};
 
 /// The start-up sweep (see [`Runtime::sweep_left_over`]), once the records are restored: what
 /// no record references now is an orphan of the last run (a crash between a host step and the
-/// record naming it), collected at once by the audit's own finders, in teardown order. The image store's kinds are left to
-/// its own start-up work (`tmp/` when it opens, unused content once containers are
-/// reconciled). `sandboxctl doctor` lists what appears later.
+/// record naming it), collected at once by the audit's own finders, in teardown order. The
+/// image store's kinds are left to its own start-up work (`tmp/` when it opens, unused
+/// content right after this sweep). `sandboxctl doctor` lists what appears later.
 pub(crate) fn sweep_at_start(rt: &Runtime) {
     let swept: usize = Kind::ALL
         .into_iter()
