@@ -258,6 +258,7 @@ impl Runtime {
             metrics: Arc::new(metrics::prom::DaemonMetrics::new()),
             probe: probe::Probe::default(),
             fs_usage: metrics::FsUsageCache::new(stats_period),
+            cgroup_files: crate::cgroups::UsageCache::default(),
             exit_watch: events::watch::ExitWatcher::new(),
             host,
             cgroup_driver,

@@ -124,7 +124,7 @@ impl Runtime {
         };
         let mut cgroup = match depth {
             Depth::Metrics => crate::cgroups::detail(&record.cgroup),
-            Depth::Stats => crate::cgroups::usage(&record.cgroup).into(),
+            Depth::Stats => self.cgroup_files.usage(&record.cgroup).into(),
         };
         let empty = match depth {
             Depth::Metrics => matches!(cgroup.processes, None | Some(0)),

@@ -10,9 +10,11 @@ mod extra;
 mod limits;
 pub(crate) mod owned;
 pub mod systemd;
+mod usage;
 
 pub use extra::{BlkioDevice, Hugetlb, Pressure, Procs};
 pub use limits::{set_limits, PodLimits};
+pub use usage::{usage, Psi, Usage, UsageCache};
 
 /// The cgroup driver in use (the config's `auto` resolved at start).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,155 +247,6 @@ pub fn oom_level(cgroup: &str, hit_limit: bool) -> OomLevel {
         Some(Some(_)) => OomLevel::Node,
         _ => OomLevel::Unknown,
     }
-}
-
-/// CPU and memory use of one cgroup, as CRI stats report them.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Usage {
-    pub cpu_nanos: Option<u64>,
-    pub memory_bytes: Option<u64>,
-    /// Memory use minus inactive file cache (what kubelet evicts on).
-    pub working_set_bytes: Option<u64>,
-    /// Pressure stall information of CPU, memory and I/O, where the kernel keeps it.
-    pub psi: Psi,
-}
-
-/// Pressure stall information of a cgroup.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Psi {
-    pub cpu: Option<Pressure>,
-    pub memory: Option<Pressure>,
-    pub io: Option<Pressure>,
-}
-
-/// A cgroup directory opened once (`O_PATH`): its files are then opened relative to it, one
-/// path component each, rather than by walking the whole cgroup path for every file (at
-/// 1,000 containers, those walks were most of ListContainerStats' time).
-struct CgDir(std::os::fd::OwnedFd);
-
-impl CgDir {
-    fn open(path: &Path) -> Option<CgDir> {
-        use nix::fcntl::OFlag;
-        nix::fcntl::open(
-            path,
-            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        )
-        .ok()
-        .map(CgDir)
-    }
-
-    /// The text of file `name` (at most 64 KiB: cgroup files are short), read into a page
-    /// without the size probes (`fstat`, `lseek`, a 32-byte first read) of
-    /// `std::fs::read_to_string`, for which kernfs has no useful answer, and without a read
-    /// for the end after a short one.
-    fn read(&self, name: &str) -> Option<String> {
-        use nix::fcntl::OFlag;
-        use std::io::Read;
-        let fd = nix::fcntl::openat(
-            &self.0,
-            name,
-            OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
-            nix::sys::stat::Mode::empty(),
-        )
-        .ok()?;
-        let mut f = std::fs::File::from(fd);
-        let mut buf = vec![0u8; 4096];
-        let mut n = 0;
-        loop {
-            if n == buf.len() {
-                if n >= 64 << 10 {
-                    break;
-                }
-                buf.resize(n * 2, 0);
-            }
-            match f.read(&mut buf[n..]) {
-                Ok(0) => break,
-                // The files read here (usage, memory.stat, cpu.stat, PSI) are one seq_file
-                // record each, generated whole at the first read: a read that did not fill
-                // the buffer has it all, no read to see the end. (A list such as
-                // cgroup.procs is not read this way.)
-                Ok(k) if n + k < buf.len() => {
-                    n += k;
-                    break;
-                }
-                Ok(k) => n += k,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => return None,
-            }
-        }
-        buf.truncate(n);
-        String::from_utf8(buf).ok()
-    }
-
-    fn number(&self, name: &str) -> Option<u64> {
-        self.read(name).and_then(|s| s.trim().parse().ok())
-    }
-}
-
-impl Psi {
-    fn read(dir: &CgDir) -> Psi {
-        let p = |r: &str| {
-            dir.read(&format!("{r}.pressure"))
-                .and_then(|t| extra::parse_pressure(&t))
-        };
-        Psi {
-            cpu: p("cpu"),
-            memory: p("memory"),
-            io: p("io"),
-        }
-    }
-}
-
-/// Reads the usage of `cgroup` from whichever hierarchies hold cpu accounting and memory:
-/// each hierarchy's dir opened once, its files relative to it.
-pub fn usage(cgroup: &str) -> Usage {
-    let hs = hierarchies();
-    let v1 = |controller: &str| {
-        hs.iter()
-            .find(|h| {
-                h.controllers
-                    .as_ref()
-                    .is_some_and(|c| c.iter().any(|c| c == controller))
-            })
-            .and_then(|h| CgDir::open(&join(&h.mount_point, cgroup)))
-    };
-    // The unified hierarchy (v2's, or a hybrid host's): PSI; on v2 every controller's files
-    // (a file whose controller is not enabled there does not exist).
-    let unified = hs
-        .iter()
-        .filter(|h| h.controllers.is_none())
-        .find_map(|h| CgDir::open(&join(&h.mount_point, cgroup)));
-    let mut u = Usage {
-        psi: unified.as_ref().map(Psi::read).unwrap_or_default(),
-        ..Default::default()
-    };
-    u.cpu_nanos = v1("cpuacct").and_then(|d| d.number("cpuacct.usage"));
-    if u.cpu_nanos.is_none() {
-        u.cpu_nanos = unified
-            .as_ref()
-            .and_then(|d| d.read("cpu.stat"))
-            .and_then(|t| key_value(&t, "usage_usec"))
-            .map(|us| us * 1000);
-    }
-    let (usage, inactive) = match v1("memory") {
-        Some(d) => (
-            d.number("memory.usage_in_bytes"),
-            d.read("memory.stat")
-                .and_then(|t| key_value(&t, "total_inactive_file")),
-        ),
-        None => match &unified {
-            Some(d) => (
-                d.number("memory.current"),
-                d.read("memory.stat")
-                    .and_then(|t| key_value(&t, "inactive_file")),
-            ),
-            None => (None, None),
-        },
-    };
-    u.memory_bytes = usage;
-    u.working_set_bytes = usage.map(|m| m.saturating_sub(inactive.unwrap_or(0)));
-    u
 }
 
 /// What cAdvisor reports of one cgroup (for CRI metrics), v1 or v2; `None` where the

@@ -181,12 +181,13 @@ pub(crate) fn teardown(rt: &Runtime, entry: &ContainerEntry) -> Result<()> {
 }
 
 pub(crate) fn unregister(rt: &Runtime, entry: &ContainerEntry) {
-    let (id, name) = {
+    let (id, name, cgroup) = {
         let r = lock(&entry.record);
-        (r.id.clone(), r.name.clone())
+        (r.id.clone(), r.name.clone(), r.cgroup.clone())
     };
     rt.exit_watch.remove(&id);
     rt.fs_usage.forget(&id);
+    rt.cgroup_files.forget(&cgroup);
     let mut reg = lock(&rt.registry);
     reg.containers.remove(&id);
     reg.container_ids.remove(&id);

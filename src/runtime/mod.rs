@@ -60,6 +60,8 @@ pub struct Runtime {
     pub(crate) metrics: Arc<metrics::prom::DaemonMetrics>,
     /// Containers' writable-layer use, measured at most every few seconds.
     pub(crate) fs_usage: metrics::FsUsageCache,
+    /// Containers' cgroup usage files, kept open between stats calls.
+    pub(crate) cgroup_files: cgroups::UsageCache,
     /// What the host probe found (`probe`): the handlers' trials, user namespaces.
     pub(crate) probe: probe::Probe,
     /// The host operations the pod lifecycle orders (`host/`): the real host, or a
@@ -150,7 +152,7 @@ impl Runtime {
 
     /// CPU and memory use of a container, from its cgroup.
     pub fn container_usage(&self, id: &str) -> Result<cgroups::Usage> {
-        Ok(cgroups::usage(&self.container_record(id)?.cgroup))
+        Ok(self.cgroup_files.usage(&self.container_record(id)?.cgroup))
     }
 
     pub(crate) fn find_container(&self, id: &str) -> Result<Option<Arc<ContainerEntry>>> {
