@@ -258,10 +258,8 @@ const SWEEP_SECS: u64 = 30;
 /// budget of descriptors; beyond it, files are opened for the call and closed after, as
 /// [`usage`] does.
 pub struct UsageCache {
-    entries: Mutex<HashMap<String, Arc<UsageFiles>>>,
-    /// Descriptors held by `entries`.
-    fds: AtomicUsize,
-    /// Descriptors they may hold (`None`: from the file limit, at first use).
+    kept: Mutex<Kept>,
+    /// Descriptors `kept` may hold (unset until first use: from the file limit).
     budget: OnceLock<usize>,
     clock: Instant,
     last_sweep: AtomicU64,
@@ -269,11 +267,25 @@ pub struct UsageCache {
     opened: AtomicUsize,
 }
 
+/// The kept entries, and the descriptors they hold together.
+#[derive(Default)]
+struct Kept {
+    files: HashMap<String, Arc<UsageFiles>>,
+    fds: usize,
+}
+
+impl Kept {
+    fn remove(&mut self, cgroup: &str) {
+        if let Some(e) = self.files.remove(cgroup) {
+            self.fds -= e.fds();
+        }
+    }
+}
+
 impl Default for UsageCache {
     fn default() -> Self {
         UsageCache {
-            entries: Mutex::new(HashMap::new()),
-            fds: AtomicUsize::new(0),
+            kept: Mutex::new(Kept::default()),
             budget: OnceLock::new(),
             clock: Instant::now(),
             last_sweep: AtomicU64::new(0),
@@ -293,7 +305,8 @@ fn default_budget() -> usize {
 
 impl UsageCache {
     /// A cache that keeps at most `fds` descriptors.
-    pub fn with_budget(fds: usize) -> UsageCache {
+    #[cfg(test)]
+    fn with_budget(fds: usize) -> UsageCache {
         let c = UsageCache::default();
         let _ = c.budget.set(fds);
         c
@@ -307,7 +320,7 @@ impl UsageCache {
     pub fn usage(&self, cgroup: &str) -> Usage {
         let now = self.now();
         self.sweep(now);
-        let kept = crate::state::lock(&self.entries).get(cgroup).cloned();
+        let kept = crate::state::lock(&self.kept).files.get(cgroup).cloned();
         if let Some(files) = kept {
             files.last_used.store(now, Ordering::Relaxed);
             if let Some(u) = files.read() {
@@ -316,8 +329,7 @@ impl UsageCache {
             // Removed (and perhaps made again): open it anew below.
             self.forget(cgroup);
         }
-        let files = UsageFiles::open(cgroup);
-        self.opened.fetch_add(1, Ordering::Relaxed);
+        let files = self.open_files(cgroup);
         let Some(u) = files.read() else {
             return Usage::default();
         };
@@ -325,26 +337,37 @@ impl UsageCache {
         u
     }
 
+    /// Opens and keeps `cgroup`'s files (a container just started), unless kept already.
+    pub fn open(&self, cgroup: &str) {
+        if !crate::state::lock(&self.kept).files.contains_key(cgroup) {
+            let files = self.open_files(cgroup);
+            self.keep(cgroup, files, self.now());
+        }
+    }
+
+    fn open_files(&self, cgroup: &str) -> UsageFiles {
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        UsageFiles::open(cgroup)
+    }
+
     fn keep(&self, cgroup: &str, files: UsageFiles, now: u64) {
         let n = files.fds();
-        let budget = *self.budget.get_or_init(default_budget);
         if n == 0 {
             return;
         }
+        let budget = *self.budget.get_or_init(default_budget);
         files.last_used.store(now, Ordering::Relaxed);
-        let mut entries = crate::state::lock(&self.entries);
-        if entries.contains_key(cgroup) || self.fds.load(Ordering::Relaxed) + n > budget {
+        let mut kept = crate::state::lock(&self.kept);
+        if kept.files.contains_key(cgroup) || kept.fds + n > budget {
             return;
         }
-        self.fds.fetch_add(n, Ordering::Relaxed);
-        entries.insert(cgroup.to_string(), Arc::new(files));
+        kept.fds += n;
+        kept.files.insert(cgroup.to_string(), Arc::new(files));
     }
 
     /// Closes the files kept for `cgroup` (its container is gone).
     pub fn forget(&self, cgroup: &str) {
-        if let Some(e) = crate::state::lock(&self.entries).remove(cgroup) {
-            self.fds.fetch_sub(e.fds(), Ordering::Relaxed);
-        }
+        crate::state::lock(&self.kept).remove(cgroup);
     }
 
     /// Every [`SWEEP_SECS`], closes the entries unread for [`IDLE_SECS`].
@@ -358,22 +381,23 @@ impl UsageCache {
         {
             return;
         }
-        let mut entries = crate::state::lock(&self.entries);
-        entries.retain(|_, e| {
-            let keep = now.saturating_sub(e.last_used.load(Ordering::Relaxed)) < IDLE_SECS;
-            if !keep {
-                self.fds.fetch_sub(e.fds(), Ordering::Relaxed);
-            }
-            keep
-        });
+        let mut kept = crate::state::lock(&self.kept);
+        let idle: Vec<String> = kept
+            .files
+            .iter()
+            .filter(|(_, e)| now.saturating_sub(e.last_used.load(Ordering::Relaxed)) >= IDLE_SECS)
+            .map(|(c, _)| c.clone())
+            .collect();
+        for c in idle {
+            kept.remove(&c);
+        }
     }
 
     /// Cgroups kept, and the descriptors they hold.
-    pub fn kept(&self) -> (usize, usize) {
-        (
-            crate::state::lock(&self.entries).len(),
-            self.fds.load(Ordering::Relaxed),
-        )
+    #[cfg(test)]
+    fn kept(&self) -> (usize, usize) {
+        let kept = crate::state::lock(&self.kept);
+        (kept.files.len(), kept.fds)
     }
 }
 
@@ -455,19 +479,26 @@ mod tests {
         }
     }
 
-    fn root() -> bool {
-        nix::unistd::geteuid().is_root()
+    /// A cgroup of this test named for `tag` (with a spinning process in it when `spin`),
+    /// or `None`, said, where cgroups cannot be made (not root).
+    fn test_cgroup(tag: &str, spin: bool) -> Option<(String, TestCgroup)> {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: making cgroups needs root");
+            return None;
+        }
+        let name = format!("sandboxd-test-usage-{tag}-{}", std::process::id());
+        let mut cg = TestCgroup::make(&name);
+        if spin {
+            cg.spin();
+        }
+        Some((name, cg))
     }
 
     #[test]
     fn a_kept_cgroup_reads_fresh_figures_and_a_removed_one_is_let_go() {
-        if !root() {
-            eprintln!("skipped: making cgroups needs root");
+        let Some((name, mut cg)) = test_cgroup("kept", true) else {
             return;
-        }
-        let name = format!("sandboxd-test-usage-{}", std::process::id());
-        let mut cg = TestCgroup::make(&name);
-        cg.spin();
+        };
         let cache = UsageCache::with_budget(64);
         let first = cache.usage(&name);
         let (entries, fds) = cache.kept();
@@ -505,13 +536,9 @@ mod tests {
 
     #[test]
     fn past_its_budget_the_cache_reads_without_keeping() {
-        if !root() {
-            eprintln!("skipped: making cgroups needs root");
+        let Some((name, _cg)) = test_cgroup("budget", true) else {
             return;
-        }
-        let name = format!("sandboxd-test-usage-budget-{}", std::process::id());
-        let mut cg = TestCgroup::make(&name);
-        cg.spin();
+        };
         let cache = UsageCache::with_budget(2);
         let u = cache.usage(&name);
         assert!(u.cpu_nanos.is_some() && u.memory_bytes.is_some(), "{u:?}");
@@ -522,17 +549,17 @@ mod tests {
 
     #[test]
     fn idle_entries_are_closed() {
-        if !root() {
-            eprintln!("skipped: making cgroups needs root");
+        let Some((name, _cg)) = test_cgroup("idle", false) else {
             return;
-        }
-        let name = format!("sandboxd-test-usage-idle-{}", std::process::id());
-        let _cg = TestCgroup::make(&name);
+        };
         let cache = UsageCache::with_budget(64);
         let _ = cache.usage(&name);
         assert_eq!(cache.kept().0, 1);
         // As if IDLE_SECS had passed since it was read.
         cache.sweep(IDLE_SECS + SWEEP_SECS);
         assert_eq!(cache.kept(), (0, 0));
+        // Opened again as StartContainer does, without a read.
+        cache.open(&name);
+        assert_eq!(cache.kept().0, 1);
     }
 }
