@@ -77,39 +77,37 @@ impl CgDir {
 /// cgroup files are short), read into `buf` (one buffer for all of a cgroup's files) without
 /// the size probes (`fstat`, `lseek`, a 32-byte first read) of `std::fs::read_to_string`,
 /// for which kernfs has no useful answer. A read at offset 0 makes kernfs generate the file
-/// anew, so a kept file reads today's figures. `Ok(None)` for a missing or unreadable file;
+/// anew, so a kept file reads today's figures; the text comes from one read (one generation,
+/// however many calls read the same kept file at once): a file larger than the buffer is
+/// read again from its start into a larger one, never continued at an offset, which would
+/// join the end of another read's generation. `Ok(None)` for a missing or unreadable file;
 /// `Err` when the file's cgroup was removed (kernfs answers `ENODEV`).
 fn parse_file<T>(
     f: &Option<File>,
     buf: &mut Vec<u8>,
     parse: impl FnOnce(&str) -> Option<T>,
 ) -> Result<Option<T>, Gone> {
+    const FIRST: usize = 16 << 10;
+    const MOST: usize = 64 << 10;
     let Some(f) = f else { return Ok(None) };
-    buf.clear();
-    buf.resize(4096, 0);
-    let mut n = 0;
-    loop {
-        if n == buf.len() {
-            if n >= 64 << 10 {
-                break;
-            }
-            buf.resize(n * 2, 0);
+    let mut size = FIRST;
+    let n = loop {
+        // (Grown only: what an earlier read left in it is never read, so it is not zeroed
+        // again for every file.)
+        if buf.len() < size {
+            buf.resize(size, 0);
         }
-        match f.read_at(&mut buf[n..], n as u64) {
-            Ok(0) => break,
-            // The files read here (usage, memory.stat, cpu.stat, PSI) are one seq_file
-            // record each, generated whole at the first read: a read that did not fill
-            // the buffer has it all, no read to see the end.
-            Ok(k) if n + k < buf.len() => {
-                n += k;
-                break;
-            }
-            Ok(k) => n += k,
+        // The files read here (usage, memory.stat, cpu.stat, PSI) are one seq_file record
+        // each, generated whole by the read at offset 0 and handed over as far as the
+        // buffer goes: a read that did not fill it has it all.
+        match f.read_at(&mut buf[..size], 0) {
+            Ok(k) if k < size || size >= MOST => break k,
+            Ok(_) => size *= 4,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) if e.raw_os_error() == Some(libc::ENODEV) => return Err(Gone),
             Err(_) => return Ok(None),
         }
-    }
+    };
     Ok(std::str::from_utf8(&buf[..n]).ok().and_then(parse))
 }
 
@@ -405,6 +403,32 @@ impl UsageCache {
 mod tests {
     use super::*;
     use std::path::PathBuf;
+
+    /// A file longer than the first buffer is read again from its start, whole, in one read;
+    /// one over the cap is cut at it; the buffer left larger by one does not leak its bytes
+    /// into the next, shorter file's text.
+    #[test]
+    fn a_long_file_is_read_whole_from_its_start() {
+        let d = tempfile::tempdir().unwrap();
+        let write = |name: &str, len: usize, b: u8| {
+            let p = d.path().join(name);
+            std::fs::write(&p, vec![b; len]).unwrap();
+            Some(File::open(p).unwrap())
+        };
+        let mut buf = Vec::new();
+        let len = |f: &Option<File>, buf: &mut Vec<u8>| {
+            parse_file(f, buf, |t| Some(t.to_string()))
+                .ok()
+                .flatten()
+                .unwrap()
+        };
+        let long = write("long", 40 << 10, b'a');
+        assert_eq!(len(&long, &mut buf), "a".repeat(40 << 10));
+        let over = write("over", 100 << 10, b'b');
+        assert_eq!(len(&over, &mut buf).len(), 64 << 10);
+        let short = write("short", 3, b'c');
+        assert_eq!(len(&short, &mut buf), "ccc");
+    }
 
     /// A cgroup of this test in every hierarchy, removed on drop (with its process killed).
     struct TestCgroup {
