@@ -377,10 +377,18 @@ fn a_pull_stops_when_every_caller_has_gone() {
         "the first caller's deadline has passed"
     );
     assert!(in_flight(), "the pull stopped while a caller still waits");
+    // The daemon answers DeadlineExceeded a little before the deadline; tonic's client also
+    // keeps the deadline itself and, when the answer is late (a loaded host: CI runs this
+    // beside a VM lane), ends the call first with its own Cancelled. Either is the call ended
+    // at its deadline; a pull that answered or failed otherwise is not.
     for call in [first, second] {
-        assert_eq!(
-            tokio.block_on(call).unwrap(),
-            Err(tonic::Code::DeadlineExceeded)
+        let got = tokio.block_on(call).unwrap();
+        assert!(
+            matches!(
+                got,
+                Err(tonic::Code::DeadlineExceeded | tonic::Code::Cancelled)
+            ),
+            "{got:?}"
         );
     }
     let t = std::time::Instant::now();
