@@ -20,6 +20,10 @@ use crate::state::lock;
 use crate::state::now_nanos;
 use crate::{failpoint, validate};
 
+/// How long lazy layers' completions give way to a container being made (until it is
+/// started, which holds them a second more; a create that never starts lets go by then).
+const LAZY_HOLD_CREATE: std::time::Duration = std::time::Duration::from_secs(3);
+
 pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -> Result<String> {
     spec::validate(config)?;
     let sb_entry = rt.lookup(sandbox_id)?.ok_or_else(|| Error::NotFound {
@@ -81,6 +85,8 @@ pub(crate) fn create(rt: &Runtime, sandbox_id: &str, config: &ContainerConfig) -
     let config = &resolved;
     // Its layers cannot be collected from here on (a RemoveImage meanwhile).
     let _pins = rt.images.pin(layers.iter().map(String::as_str));
+    // Lazy layers' background completions give way while it is made (and started).
+    rt.images.give_way(&layers, LAZY_HOLD_CREATE, false);
     check_user_namespace(&sb, config)?;
     let namespaces = namespaces(rt, &sb, config)?;
     let family = rt.handler(&sb.runtime_handler)?.family;

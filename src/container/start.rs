@@ -11,6 +11,9 @@ use crate::runtime::Runtime;
 use crate::state::lock;
 use crate::state::now_nanos;
 
+/// How long lazy layers' completions give way to a container just started.
+const LAZY_HOLD_START: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How long StartContainer waits for the monitor to watch the container's OOM kills.
 const OOM_WATCH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -84,6 +87,9 @@ pub(crate) fn start(rt: &Runtime, id: &str) -> Result<()> {
     // stats call (which would pay them for every container started since the last).
     rt.cgroup_files.open(&rec.cgroup);
     rt.emit(EventKind::Started, &rec.id, &rec.sandbox_id);
+    // Its first second is its own: lazy layers' completions give way (its reads of the lazy
+    // view hold them after that; reads of layers completed already do not).
+    rt.images.give_way(&rec.layers, LAZY_HOLD_START, true);
     tracing::info!(container_id = %rec.id, pid = rec.pid, "container started");
     let now = refresh(rt, &entry);
     if let Some(sb) = &sb {

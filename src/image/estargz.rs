@@ -41,6 +41,38 @@ pub const MAX_CHUNK: u64 = 64 << 20;
 const MAX_NAME: usize = 255;
 const MAX_PATH: usize = 4096;
 
+/// Which format a layer's TOC comes in: both describe the layer with the same JSON (CRFS's
+/// table of contents) and compress each file's chunks as a unit of their own; they differ in
+/// the compression, in where the TOC is (`zstd_chunked.rs`) and in the names of their own
+/// that an eStargz layer's tar carries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    /// gzip members; the TOC a tar entry of the layer, found by the footer.
+    #[default]
+    Estargz,
+    /// zstd frames; the TOC a skippable frame, found by the manifest's annotations.
+    ZstdChunked,
+}
+
+impl Format {
+    /// Its name as the peers spell it (logs, errors).
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Estargz => "estargz",
+            Format::ZstdChunked => "zstd:chunked",
+        }
+    }
+
+    /// Names at the layer's root that are the format's, not the image's.
+    pub fn meta_names(self) -> &'static [&'static str] {
+        match self {
+            Format::Estargz => &META_NAMES,
+            Format::ZstdChunked => &[],
+        }
+    }
+}
+
 /// Where the TOC begins, from the footer (the blob's last [`FOOTER_SIZE`] bytes): an empty
 /// gzip member whose extra field holds `%016x` of the offset and `STARGZ`.
 pub fn parse_footer(b: &[u8]) -> Result<u64, String> {
@@ -94,6 +126,9 @@ pub struct RawEntry {
     pub gid: u64,
     #[serde(skip_serializing_if = "is_zero")]
     pub offset: u64,
+    /// zstd:chunked: where a regular file's last frame ends.
+    #[serde(rename = "endOffset", skip_serializing_if = "is_zero")]
+    pub end_offset: u64,
     #[serde(rename = "chunkOffset", skip_serializing_if = "is_zero")]
     pub chunk_offset: u64,
     #[serde(rename = "chunkSize", skip_serializing_if = "is_zero")]
@@ -190,7 +225,7 @@ pub enum Kind {
     Fifo,
 }
 
-/// A piece of a regular file: `len` bytes at `file_off`, the gzip member at `blob_off`
+/// A piece of a regular file: `len` bytes at `file_off`, the gzip member (zstd frame) at `blob_off`
 /// (at most `max_compressed` bytes of the blob are read for it), whose uncompressed bytes
 /// hash to `digest`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -246,6 +281,7 @@ impl Node {
 /// The layer as its TOC describes it: `nodes[0]` is the root.
 #[derive(Debug, Clone)]
 pub struct Tree {
+    pub format: Format,
     pub nodes: Vec<Node>,
     /// Where the TOC begins (no chunk reaches past it).
     pub toc_offset: u64,
@@ -381,7 +417,7 @@ pub fn parse_time(s: &str) -> i64 {
 }
 
 /// RFC 3339 (UTC) of seconds since the epoch.
-fn format_time(t: i64) -> String {
+pub(crate) fn format_time(t: i64) -> String {
     let days = t.div_euclid(86_400);
     let secs = t.rem_euclid(86_400);
     let z = days + 719_468;
@@ -402,8 +438,19 @@ fn format_time(t: i64) -> String {
 }
 
 impl Tree {
-    /// The tree of the TOC `json` of a blob whose TOC begins at `toc_offset`.
+    /// The tree of the eStargz TOC `json` of a blob whose TOC begins at `toc_offset`.
     pub fn parse(json: &[u8], toc_offset: u64, limits: TocLimits) -> Result<Tree, String> {
+        Self::parse_as(Format::Estargz, json, toc_offset, limits)
+    }
+
+    /// The tree of the TOC `json`, of `format`, of a blob whose TOC (for zstd:chunked, the
+    /// skippable frame that holds it) begins at `toc_offset`: no chunk reaches past it.
+    pub fn parse_as(
+        format: Format,
+        json: &[u8],
+        toc_offset: u64,
+        limits: TocLimits,
+    ) -> Result<Tree, String> {
         if json.len() as u64 > MAX_TOC_BYTES {
             return Err(format!("the TOC is larger than {MAX_TOC_BYTES} bytes"));
         }
@@ -414,7 +461,7 @@ impl Tree {
         .deserialize(&mut de)
         .map_err(|e| format!("TOC: {e}"))?;
         de.end().map_err(|e| format!("TOC: {e}"))?;
-        Self::build(&raw, toc_offset, limits)
+        Self::build(format, &raw, toc_offset, limits)
     }
 
     fn lookup(&self, path: &[&[u8]]) -> Option<u32> {
@@ -450,18 +497,26 @@ impl Tree {
         id
     }
 
-    fn build(raw: &[RawEntry], toc_offset: u64, limits: TocLimits) -> Result<Tree, String> {
+    fn build(
+        format: Format,
+        raw: &[RawEntry],
+        toc_offset: u64,
+        limits: TocLimits,
+    ) -> Result<Tree, String> {
         let mut t = Tree {
+            format,
             nodes: vec![Node::new(0, Kind::Dir, 0o755)],
             toc_offset,
             prefetch_end: None,
             bytes: 0,
         };
-        // Where each member begins: a chunk's compressed bytes end by the next one's.
+        // Where each member (frame) begins: a chunk's compressed bytes end by the next one's
+        // (or where zstd:chunked says a file's last frame ends).
         let mut starts: Vec<u64> = raw
             .iter()
             .filter(|e| e.kind == "reg" || e.kind == "chunk")
-            .map(|e| e.offset)
+            .flat_map(|e| [e.offset, e.end_offset])
+            .filter(|o| *o > 0)
             .chain([toc_offset])
             .collect();
         starts.sort_unstable();
@@ -474,7 +529,7 @@ impl Tree {
             if e.kind != "chunk" {
                 t.covered(current.take())?;
             }
-            if path.len() == 1 && META_NAMES.iter().any(|m| m.as_bytes() == path[0]) {
+            if path.len() == 1 && format.meta_names().iter().any(|m| m.as_bytes() == path[0]) {
                 if path[0] == PREFETCH_LANDMARK.as_bytes() {
                     t.prefetch_end = Some(e.offset.min(toc_offset));
                 }

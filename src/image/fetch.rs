@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use sha2::Digest;
@@ -15,6 +15,9 @@ use super::progress::LayerProgress;
 use super::registry::{Registry, RegistryError};
 use super::store::ImageStore;
 use crate::error::{Error, HostError, Result};
+
+/// Bytes of a completion's local start read at a time.
+const LOCAL_READ: u64 = 256 << 10;
 
 /// The error a registry failure maps to (its code reaches kubelet).
 pub(crate) fn to_error(image: &str, e: RegistryError) -> Error {
@@ -62,8 +65,8 @@ pub(crate) struct LayerDesc {
     pub foreign: bool,
     /// An OCI artifact's layer: kept as one file of this name, not unpacked.
     pub file: Option<String>,
-    /// An eStargz layer's TOC digest (its manifest annotation).
-    pub toc_digest: Option<String>,
+    /// Where an eStargz or zstd:chunked layer's TOC is (its manifest annotations).
+    pub toc: Option<super::lazy::TocRef>,
 }
 
 /// One item of a layer's byte stream into the unpacker.
@@ -101,10 +104,21 @@ impl std::io::Read for ChannelReader {
     }
 }
 
+/// What a lazy layer's completion brings to [`fetch_layer`] beyond a pull's.
+pub(crate) struct Completion {
+    /// The node-wide marker of containers reading lazy layers: the unpacker pauses while it
+    /// is fresh.
+    pub gate: PathBuf,
+    /// The start of the blob its reads fetched already (`len` bytes of `file`, read from
+    /// there instead of asked of the registry again, and hashed with the rest as any byte).
+    pub local: Option<(std::fs::File, u64)>,
+}
+
 /// A lazy layer's background completion (`lazy/helper.rs`): the blob `digest` of `size`
-/// bytes fetched whole from `reg` and unpacked as it arrives, as a pull does (its digest and
-/// diff id checked before it is committed), the names `left_out` left out of its root,
-/// pausing while `gate` says containers read. The store's config must not be lazy.
+/// bytes fetched whole from `reg` (but what `c` has locally) and unpacked as it arrives, as a
+/// pull does (its digest and diff id checked before it is committed), the names `left_out`
+/// left out of its root, pausing while `c`'s gate says containers read. The store's config
+/// must not be lazy.
 pub(crate) async fn fetch_whole(
     store: &ImageStore,
     reg: &Arc<Registry>,
@@ -112,7 +126,7 @@ pub(crate) async fn fetch_whole(
     size: u64,
     diff_id: &str,
     left_out: &'static [&'static str],
-    gate: Option<PathBuf>,
+    c: Completion,
 ) -> Result<()> {
     let l = LayerDesc {
         digest: digest.to_string(),
@@ -120,18 +134,19 @@ pub(crate) async fn fetch_whole(
         media_type: "application/vnd.oci.image.layer.v1.tar+gzip".into(),
         foreign: false,
         file: None,
-        toc_digest: None,
+        toc: None,
     };
     let progress = LayerProgress::detached(digest, size);
-    fetch_layer(store, reg, &l, diff_id, &progress, left_out, gate)
+    fetch_layer(store, reg, &l, diff_id, &progress, left_out, Some(c))
         .await
         .map(|_| ())
         .map_err(|e| e.into_error(digest))
 }
 
 /// Downloads one layer and unpacks it as it arrives (the root's names `left_out` left out;
-/// the unpacker paused while the lazy layers' `gate` marker is fresh);
-/// returns the digest of its kept blob (when blobs are kept).
+/// for a lazy layer's completion, its local start read first and the unpacker paused while
+/// the lazy layers' gate marker is fresh); returns the digest of its kept blob (when blobs
+/// are kept).
 pub(crate) async fn fetch_layer(
     store: &ImageStore,
     reg: &Arc<Registry>,
@@ -139,7 +154,7 @@ pub(crate) async fn fetch_layer(
     diff_id: &str,
     progress: &LayerProgress,
     left_out: &'static [&'static str],
-    gate: Option<PathBuf>,
+    completion: Option<Completion>,
 ) -> std::result::Result<Option<String>, PullError> {
     let started = Instant::now();
     let ranges = super::ranged::Ranges {
@@ -147,7 +162,18 @@ pub(crate) async fn fetch_layer(
         part_bytes: store.cfg.range_part_bytes,
         budget: store.range_budget.clone(),
     };
-    let mut body = super::ranged::LayerBody::open(reg.clone(), &l.digest, l.size, ranges).await?;
+    let (gate, local) = match completion {
+        Some(c) => (
+            Some(c.gate),
+            c.local.filter(|(_, n)| *n > 0 && *n <= l.size),
+        ),
+        None => (None, None),
+    };
+    let from = local.as_ref().map_or(0, |(_, n)| *n);
+    let mut body =
+        super::ranged::LayerBody::open_from(reg.clone(), &l.digest, l.size, from, ranges).await?;
+    // The local start, then the registry's bytes.
+    let mut local = local.map(|(f, n)| (f, 0u64, n));
     let ranged = body.ranged();
     let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(8);
     let unpacker = {
@@ -161,11 +187,7 @@ pub(crate) async fn fetch_layer(
                 done: false,
             };
             let reader: Box<dyn std::io::Read + Send> = match gate {
-                Some(marker) => Box::new(super::lazy_dirs::Gated {
-                    inner: reader,
-                    marker,
-                    paused: Duration::ZERO,
-                }),
+                Some(marker) => Box::new(super::lazy_dirs::Gated::new(reader, marker)),
                 None => Box::new(reader),
             };
             match &file {
@@ -191,10 +213,19 @@ pub(crate) async fn fetch_layer(
     let mut got = 0u64;
     let streamed: std::result::Result<(), String> = async {
         loop {
-            let c = match body.chunk().await {
-                Ok(Some(c)) => c,
-                Ok(None) => break,
-                Err(e) => return Err(e.to_string()),
+            let c = match local.as_mut().filter(|(_, at, n)| at < n) {
+                Some((f, at, n)) => {
+                    let mut b = vec![0u8; (*n - *at).min(LOCAL_READ) as usize];
+                    std::os::unix::fs::FileExt::read_exact_at(f, &mut b, *at)
+                        .map_err(|e| format!("layer {}: read what was fetched: {e}", l.digest))?;
+                    *at += b.len() as u64;
+                    Bytes::from(b)
+                }
+                None => match body.chunk().await {
+                    Ok(Some(c)) => c,
+                    Ok(None) => break,
+                    Err(e) => return Err(e.to_string()),
+                },
             };
             got += c.len() as u64;
             progress.received(c.len() as u64);

@@ -103,7 +103,9 @@ pub(crate) fn touch_reads(
 ) {
     use std::sync::atomic::Ordering;
     let now = born.elapsed().as_millis() as u64 + 1;
-    if now < last.load(Ordering::Relaxed) + 50 {
+    let prev = last.load(Ordering::Relaxed);
+    // (0: never touched, the first read touches however soon after `born`.)
+    if prev != 0 && now < prev + 50 {
         return;
     }
     last.store(now, Ordering::Relaxed);
@@ -118,27 +120,125 @@ pub(crate) fn touch_reads(
         .and_then(|f| f.set_modified(std::time::SystemTime::now()));
 }
 
-/// A background completion's input that pauses while containers read lazy layers (the
-/// marker touched in the last 200 ms), at most 10 s in all, so that it never starves.
+/// Holds the completions back for `d` from now (a container of lazy layers being made or
+/// started: its first moments, whether it reads the lazy view or a layer completed
+/// already): the marker's mtime set that far ahead; unless `replace`, never brought nearer
+/// than a hold already there (a start ends its create's hold with its own, shorter one).
+pub(crate) fn hold_reads(marker: &Path, d: Duration, replace: bool) {
+    let until = std::time::SystemTime::now() + d;
+    let later = std::fs::symlink_metadata(marker)
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| t >= until);
+    if later && !replace {
+        return;
+    }
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(marker)
+        .and_then(|f| f.set_modified(until));
+}
+
+/// Whether the marker says containers read (or are being made): touched in the last
+/// 100 ms (twice the servers' touch interval), or held until a time still ahead.
+fn reads_now(marker: &Path) -> bool {
+    let Ok(t) = std::fs::metadata(marker).and_then(|x| x.modified()) else {
+        return false;
+    };
+    match std::time::SystemTime::now().duration_since(t) {
+        Ok(age) => age < Duration::from_millis(100),
+        Err(_) => true,
+    }
+}
+
+/// A background completion's input that pauses while containers read lazy layers or are
+/// being made ([`reads_now`]), at most 10 s in all, so that it never starves; looked at
+/// again every 20 ms while paused, so that it leaves the cores idle little after the reads
+/// stop. The
+/// marker is looked at once per 20 ms of reading, not at every read of the decoder's
+/// (32 KiB each: some 65,000 `statx` for a 2 GiB layer).
 pub(crate) struct Gated<R> {
-    pub inner: R,
-    pub marker: PathBuf,
-    pub paused: Duration,
+    inner: R,
+    marker: PathBuf,
+    paused: Duration,
+    looked: Option<std::time::Instant>,
+}
+
+impl<R> Gated<R> {
+    pub(crate) fn new(inner: R, marker: PathBuf) -> Self {
+        Gated {
+            inner,
+            marker,
+            paused: Duration::ZERO,
+            looked: None,
+        }
+    }
 }
 
 impl<R: Read> Read for Gated<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let fresh = |m: &Path| {
-            std::fs::metadata(m)
-                .and_then(|x| x.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age < Duration::from_millis(200))
-        };
-        while self.paused < Duration::from_secs(10) && fresh(&self.marker) {
-            std::thread::sleep(Duration::from_millis(50));
-            self.paused += Duration::from_millis(50);
+        let due = self
+            .looked
+            .is_none_or(|t| t.elapsed() >= Duration::from_millis(20));
+        if due {
+            while self.paused < Duration::from_secs(10) && reads_now(&self.marker) {
+                std::thread::sleep(Duration::from_millis(20));
+                self.paused += Duration::from_millis(20);
+            }
+            self.looked = Some(std::time::Instant::now());
         }
         self.inner.read(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Instant, SystemTime};
+
+    fn mtime(p: &Path) -> SystemTime {
+        std::fs::metadata(p).unwrap().modified().unwrap()
+    }
+
+    /// A touch says "reads now" for 100 ms; a hold says it until its time, is not shortened
+    /// by a shorter one unless that replaces it; a completion's input waits out a hold.
+    #[test]
+    fn holds_and_touches_pause_the_completion() {
+        let d = tempfile::tempdir().unwrap();
+        let m = d.path().join(".reads");
+        assert!(!reads_now(&m), "no marker: nobody reads");
+        let last = std::sync::atomic::AtomicU64::new(0);
+        touch_reads(&m, Instant::now(), &last);
+        assert!(reads_now(&m));
+        std::fs::File::options()
+            .write(true)
+            .open(&m)
+            .unwrap()
+            .set_modified(SystemTime::now() - Duration::from_secs(1))
+            .unwrap();
+        assert!(!reads_now(&m), "a touch a second old");
+        hold_reads(&m, Duration::from_secs(3), false);
+        let held = mtime(&m);
+        assert!(held > SystemTime::now() + Duration::from_millis(2500));
+        hold_reads(&m, Duration::from_secs(1), false);
+        assert_eq!(mtime(&m), held, "a shorter hold shortened a longer one");
+        assert!(reads_now(&m));
+        hold_reads(&m, Duration::from_millis(300), true);
+        assert!(mtime(&m) < held, "a replacing hold kept the longer one");
+        let t = Instant::now();
+        let mut g = Gated::new(&b"abc"[..], m.clone());
+        let mut out = Vec::new();
+        g.read_to_end(&mut out).unwrap();
+        assert_eq!(out, b"abc");
+        assert!(
+            t.elapsed() >= Duration::from_millis(250),
+            "read through a hold in {:?}",
+            t.elapsed()
+        );
+        assert!(!reads_now(&m));
     }
 }

@@ -5,7 +5,8 @@
 //! (`registry.rs`), large layers by parallel range requests (`ranged.rs`), one fetch per
 //! layer across concurrent pulls (`in_flight.rs`), with their progress (`progress.rs`);
 //! short names resolved as CRI-O does (`short_names.rs`);
-//! OCI artifacts that are no runnable image (`artifact.rs`).
+//! OCI artifacts that are no runnable image (`artifact.rs`); lazy layers (`lazy/`) of eStargz
+//! (`estargz.rs`) and zstd:chunked (`zstd_chunked.rs`) blobs.
 
 #[doc(hidden)]
 pub mod archive;
@@ -39,6 +40,8 @@ pub mod short_names;
 pub mod store;
 #[doc(hidden)]
 pub mod unpack;
+#[doc(hidden)]
+pub mod zstd_chunked;
 
 /// The image settings of the config file (defined with the rest of it).
 pub use crate::config::{RegistryConfig, RegistryFilesConfig, StoreConfig};

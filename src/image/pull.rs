@@ -284,9 +284,7 @@ async fn pull_from(
                 .ok_or_else(|| RegistryError::Invalid(format!("layer {digest} has no size")))?,
             foreign: media_type.contains("foreign") || media_type.contains("nondistributable"),
             file: artifact.then(|| super::artifact::file_name(&l, &digest)),
-            toc_digest: l["annotations"][super::estargz::TOC_DIGEST_ANNOTATION]
-                .as_str()
-                .map(str::to_string),
+            toc: super::lazy::TocRef::of(&media_type, &l["annotations"]),
             digest,
             media_type,
         });
@@ -442,8 +440,8 @@ async fn fetch_once(
     }
 }
 
-/// Mounts an eStargz layer lazily where `[images] lazy_pull` says so (`lazy/`); whether it
-/// did (false: pull it whole).
+/// Mounts an eStargz or zstd:chunked layer lazily where `[images] lazy_pull` says so
+/// (`lazy/`); whether it did (false: pull it whole).
 async fn lazily(
     store: &ImageStore,
     reg: &Arc<Registry>,
@@ -451,14 +449,14 @@ async fn lazily(
     diff_id: &str,
 ) -> Result<bool> {
     let toc = l
-        .toc_digest
-        .as_deref()
-        .filter(|_| store.cfg.lazy_pull && l.file.is_none() && l.media_type.contains("gzip"));
+        .toc
+        .as_ref()
+        .filter(|_| store.cfg.lazy_pull && l.file.is_none());
     let Some(toc) = toc else { return Ok(false) };
     match super::lazy::mount(store, reg, &l.digest, l.size, diff_id, toc).await? {
         super::lazy::Mounted::Yes => Ok(true),
         super::lazy::Mounted::No(why) => {
-            tracing::info!(layer = %l.digest, diff_id, why, "eStargz layer not lazy: pulled whole");
+            tracing::info!(layer = %l.digest, diff_id, why, "lazy-capable layer not lazy: pulled whole");
             Ok(false)
         }
     }

@@ -106,11 +106,15 @@ pub(super) fn check_range(
 }
 
 impl LayerBody {
-    /// Starts reading layer `digest` of `size` bytes.
-    pub async fn open(
+    /// Starts reading layer `digest` of `size` bytes from byte `from`, 0 for a pull (the bytes before it
+    /// are the caller's already: a lazy layer's completion has what its reads fetched). From
+    /// a byte past the first the registry must answer range requests; from the end on there
+    /// is nothing to fetch.
+    pub async fn open_from(
         reg: Arc<Registry>,
         digest: &str,
         size: u64,
+        from: u64,
         ranges: Ranges,
     ) -> Result<LayerBody, RegistryError> {
         let mut body = LayerBody {
@@ -128,6 +132,27 @@ impl LayerBody {
         // (A part of a few bytes would be a request per few bytes: 64 KiB at least.)
         body.ranges.part_bytes = body.ranges.part_bytes.max(PERMIT_BYTES);
         let part = body.ranges.part_bytes;
+        if from >= size {
+            return Ok(body);
+        }
+        if from > 0 {
+            let end = match body.ranges.parts > 1 {
+                true => from.saturating_add(part - 1).min(size - 1),
+                false => size - 1,
+            };
+            let resp = body.reg.blob_range(digest, from, end).await?;
+            if resp.status() != StatusCode::PARTIAL_CONTENT {
+                return Err(invalid(format!(
+                    "layer {digest}: asked for bytes {from}-{end}, the registry answered {}",
+                    resp.status()
+                )));
+            }
+            check_range(&resp, digest, from, end, size)?;
+            body.ranged = body.ranges.parts > 1;
+            body.next = end + 1;
+            body.current = Some((resp, end - from + 1, 0));
+            return Ok(body);
+        }
         if body.ranges.parts > 1 && size >= part.saturating_mul(2) {
             let resp = body.reg.blob_range(digest, 0, part - 1).await?;
             if resp.status() == StatusCode::PARTIAL_CONTENT {

@@ -405,6 +405,18 @@ impl ImageStore {
         super::lazy_dirs::is_ready(&d).then(|| super::lazy_dirs::mount_point(&d))
     }
 
+    /// Holds the node's lazy-layer completions back for `d` when one of `layers` is still
+    /// served lazily (a container of them being made, or — `replace`: its hold ends with
+    /// this one — started: `lazy_dirs::hold_reads`).
+    pub fn give_way(&self, layers: &[String], d: std::time::Duration, replace: bool) {
+        let lazy = layers
+            .iter()
+            .any(|l| self.layer_dir(l).is_ok_and(|d| !d.is_dir()) && self.lazy_lower(l).is_some());
+        if lazy {
+            super::lazy_dirs::hold_reads(&super::lazy_dirs::reads_marker(&self.dir), d, replace);
+        }
+    }
+
     /// Where a layer is stacked from: its unpacked dir, else its lazy mount, else the
     /// unpacked dir's path (the mount then fails naming it).
     pub fn lower_dir(&self, diff_id: &str) -> Result<PathBuf> {

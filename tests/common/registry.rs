@@ -97,7 +97,7 @@ impl Registry {
     }
 
     /// Pushes an image whose layers are pushed as given with their manifest annotations
-    /// (`(blob, annotations)`; eStargz layers name their TOC digest there); returns the
+    /// (`(blob, annotations)`; eStargz and zstd:chunked layers name their TOC there); returns the
     /// manifest's digest.
     pub fn push_annotated(
         &self,
@@ -109,8 +109,8 @@ impl Registry {
         self.push_with(repo, tag, None, layers, config)
     }
 
-    /// The gzip `layers` (annotations: none where null), `config` and their manifest as
-    /// `<repo>:<tag>`; the manifest's digest.
+    /// The `layers` (gzip, or zstd where the blob starts with zstd's magic; annotations: none
+    /// where null), `config` and their manifest as `<repo>:<tag>`; the manifest's digest.
     fn push_with(
         &self,
         repo: &str,
@@ -122,7 +122,11 @@ impl Registry {
         let mut descs = Vec::new();
         for (l, ann) in layers {
             self.push_blob(repo, user, l);
-            let mut d = serde_json::json!({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": super::busybox::sha(l), "size": l.len()});
+            let media_type = match l.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+                true => "application/vnd.oci.image.layer.v1.tar+zstd",
+                false => "application/vnd.oci.image.layer.v1.tar+gzip",
+            };
+            let mut d = serde_json::json!({"mediaType": media_type, "digest": super::busybox::sha(l), "size": l.len()});
             if !ann.is_null() {
                 d["annotations"] = ann.clone();
             }

@@ -302,13 +302,19 @@ pub enum ImagesCmd {
     /// Remove images.
     Rm { images: Vec<String> },
     /// Convert the image of an OCI image layout dir in place to eStargz layers (each layer
-    /// with its TOC digest annotation), for lazy pulls (`[images] lazy_pull`); runs locally.
+    /// with its TOC digest annotation), or with --zstd-chunked to zstd:chunked ones (each
+    /// with its manifest checksum and position annotations), for lazy pulls (`[images]
+    /// lazy_pull`); runs locally.
     Estargz {
         /// The OCI image layout dir (one image manifest in its index.json).
         layout: PathBuf,
-        /// A file (path in the image) to put first, before the prefetch landmark (repeatable).
+        /// A file (path in the image) to put first, before the prefetch landmark (repeatable;
+        /// eStargz only).
         #[arg(long)]
         prefetch: Vec<String>,
+        /// zstd:chunked layers instead of eStargz (containers/storage's format).
+        #[arg(long, conflicts_with = "prefetch")]
+        zstd_chunked: bool,
         /// Bytes per chunk of a regular file.
         #[arg(long, default_value_t = 4 << 20)]
         chunk_size: u64,

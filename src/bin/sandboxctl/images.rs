@@ -19,11 +19,17 @@ fn images_client(ch: &Channel) -> ImageServiceClient<Channel> {
 
 /// `images import` needs no daemon: it writes the store under the state root (the store's
 /// index is locked, so a running daemon sees the image on its next call).
-/// Converts the one image of OCI layout `dir` to eStargz layers, in place: new layer blobs,
-/// config (diff ids) and manifest (layer annotations), the index pointing at it. Prints each
-/// layer's old and new digest with its TOC digest.
-pub fn estargz(dir: &Path, prefetch: &[String], chunk_size: u64) -> Result<(), String> {
+/// Converts the one image of OCI layout `dir` to eStargz (or zstd:chunked) layers, in place:
+/// new layer blobs, config (diff ids) and manifest (layer annotations), the index pointing at
+/// it. Prints each layer's old and new digest with its TOC digest.
+pub fn estargz(
+    dir: &Path,
+    prefetch: &[String],
+    zstd_chunked: bool,
+    chunk_size: u64,
+) -> Result<(), String> {
     use sandboxd::image::estargz::{self, WriteOptions};
+    use sandboxd::image::zstd_chunked as zc;
     use std::io::Read;
     let blob = |d: &str| -> Result<std::path::PathBuf, String> {
         let hex = d
@@ -72,19 +78,43 @@ pub fn estargz(dir: &Path, prefetch: &[String], chunk_size: u64) -> Result<(), S
             .read_to_end(&mut tar)
             .map_err(|e| format!("layer {d}: {e}"))?;
         let mut out = Vec::new();
-        let w = estargz::write(&tar, &mut out, &opts).map_err(|e| format!("layer {d}: {e}"))?;
+        let failed = |e: std::io::Error| format!("layer {d}: {e}");
+        let (layer, diff_id) = if zstd_chunked {
+            let w = zc::write(&tar, &mut out, chunk_size).map_err(failed)?;
+            let annotations: serde_json::Map<String, serde_json::Value> = w
+                .annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), serde_json::json!(v)))
+                .collect();
+            println!(
+                "{d} -> {} (toc {})",
+                w.digest,
+                annotations[zc::MANIFEST_CHECKSUM_ANNOTATION]
+            );
+            let l = serde_json::json!({
+                "mediaType": "application/vnd.oci.image.layer.v1.tar+zstd",
+                "digest": w.digest,
+                "size": w.size,
+                "annotations": annotations,
+            });
+            (l, w.diff_id)
+        } else {
+            let w = estargz::write(&tar, &mut out, &opts).map_err(failed)?;
+            println!("{d} -> {} (toc {})", w.digest, w.toc_digest);
+            let l = serde_json::json!({
+                "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                "digest": w.digest,
+                "size": w.size,
+                "annotations": {
+                    estargz::TOC_DIGEST_ANNOTATION: w.toc_digest,
+                    estargz::UNCOMPRESSED_SIZE_ANNOTATION: w.uncompressed_size.to_string(),
+                },
+            });
+            (l, w.diff_id)
+        };
         put(&out)?;
-        println!("{d} -> {} (toc {})", w.digest, w.toc_digest);
-        config["rootfs"]["diff_ids"][i] = serde_json::json!(w.diff_id);
-        new_layers.push(serde_json::json!({
-            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-            "digest": w.digest,
-            "size": w.size,
-            "annotations": {
-                estargz::TOC_DIGEST_ANNOTATION: w.toc_digest,
-                estargz::UNCOMPRESSED_SIZE_ANNOTATION: w.uncompressed_size.to_string(),
-            },
-        }));
+        config["rootfs"]["diff_ids"][i] = serde_json::json!(diff_id);
+        new_layers.push(layer);
     }
     let (cd, cs) = put(&serde_json::to_vec(&config).map_err(|e| e.to_string())?)?;
     manifest["config"]["digest"] = serde_json::json!(cd);

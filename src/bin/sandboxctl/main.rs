@@ -94,11 +94,12 @@ async fn run(cli: Cli) -> Result<(), String> {
             Some(ImagesCmd::Estargz {
                 layout,
                 prefetch,
+                zstd_chunked,
                 chunk_size,
             }),
     } = &cli.command
     {
-        return images::estargz(layout, prefetch, *chunk_size);
+        return images::estargz(layout, prefetch, *zstd_chunked, *chunk_size);
     }
     let ch = client::connect(&cli.endpoint, Duration::from_secs(cli.timeout)).await?;
     let mut c = runtime_client(&ch);

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use sha2::Digest;
 
-use super::super::estargz::Chunk;
+use super::super::estargz::{Chunk, Format};
 use super::super::registry::Registry;
 
 /// The unit of fetching.
@@ -29,6 +29,8 @@ const PREFETCH_RUN: u64 = 8 << 20;
 
 pub struct Blob {
     file: File,
+    /// How its chunks are compressed.
+    format: Format,
     pub size: u64,
     pub digest: String,
     present: Vec<AtomicU64>,
@@ -56,6 +58,7 @@ struct Cache {
 impl Blob {
     pub fn new(
         file: File,
+        format: Format,
         size: u64,
         digest: String,
         reg: Registry,
@@ -66,6 +69,7 @@ impl Blob {
         let blocks = size.div_ceil(BLOCK);
         Ok(Blob {
             file,
+            format,
             size,
             digest,
             present: (0..blocks.div_ceil(64))
@@ -93,6 +97,18 @@ impl Blob {
         } else {
             w.fetch_and(!(1 << (b % 64)), Ordering::AcqRel);
         }
+    }
+
+    /// The blob's start that is here (whole blocks from the first, as far as they go) and a
+    /// handle on the file holding it: what a completion need not fetch again. None when the
+    /// first block is missing.
+    pub fn present_start(&self) -> Option<(File, u64)> {
+        let blocks = self.size.div_ceil(BLOCK);
+        let n = (0..blocks).take_while(|b| self.has(*b)).count() as u64;
+        let len = (n * BLOCK).min(self.size);
+        (len > 0)
+            .then(|| self.file.try_clone().ok().map(|f| (f, len)))
+            .flatten()
     }
 
     /// Makes bytes `start..end` present: fetches the missing blocks nobody is fetching (in
@@ -293,17 +309,24 @@ impl Blob {
                 end: c.blob_off.saturating_add(c.max_compressed).min(self.size),
                 err: None,
             };
-            let mut out = vec![0u8; c.len as usize];
-            let read = flate2::read::GzDecoder::new(&mut r).read_exact(&mut out);
+            let read = match self.format {
+                Format::Estargz => {
+                    let mut out = vec![0u8; c.len as usize];
+                    flate2::read::GzDecoder::new(&mut r)
+                        .read_exact(&mut out)
+                        .map(|()| out)
+                }
+                Format::ZstdChunked => super::super::zstd_chunked::read_chunk(&mut r, c.len),
+            };
             if let Some(e) = r.err.take() {
                 // A fetch that failed is not the bytes' fault: no second try of its own.
                 return Err(e);
             }
             match read {
-                Ok(()) if sha2::Sha256::digest(&out).as_slice() == c.digest => {
+                Ok(out) if sha2::Sha256::digest(&out).as_slice() == c.digest => {
                     return Ok(Arc::new(out));
                 }
-                Ok(()) => last = "its bytes do not match the TOC's digest".into(),
+                Ok(_) => last = "its bytes do not match the TOC's digest".into(),
                 Err(e) => last = format!("it does not decompress: {e}"),
             }
             self.forget(c.blob_off, r.pos);

@@ -42,7 +42,7 @@ pub fn main(dir: &Path) -> i32 {
         max_entries: spec.store_cfg.max_layer_entries,
         max_bytes: spec.store_cfg.max_layer_bytes,
     };
-    let tree = match Tree::parse(&json, spec.toc_offset, limits) {
+    let tree = match Tree::parse_as(spec.format, &json, spec.toc_offset, limits) {
         Ok(t) => Arc::new(t),
         Err(e) => return fail(e),
     };
@@ -105,6 +105,7 @@ fn serve(dir: &Path, spec: Spec, tree: Arc<Tree>) -> Result<(), String> {
     let blob = Arc::new(
         Blob::new(
             file,
+            spec.format,
             spec.size,
             spec.digest.clone(),
             reg,
@@ -144,9 +145,10 @@ fn serve(dir: &Path, spec: Spec, tree: Arc<Tree>) -> Result<(), String> {
     tracing::info!(layer = %spec.digest, mount = %mnt.display(), files = tree.nodes.len(), "lazy layer served");
     // The files the image names to read first (before its prefetch landmark), now: the
     // container is still being made.
+    let mut prefetch = None;
     if let Some(end) = tree.prefetch_end.filter(|e| *e > 0) {
         let blob = blob.clone();
-        std::thread::Builder::new()
+        let t = std::thread::Builder::new()
             .name("lazyfs-prefetch".into())
             .spawn(move || {
                 let t = Instant::now();
@@ -156,14 +158,20 @@ fn serve(dir: &Path, spec: Spec, tree: Arc<Tree>) -> Result<(), String> {
                 }
             })
             .map_err(|e| format!("start the prefetch thread: {e}"))?;
+        prefetch = Some(t);
     }
     {
         let delay = Duration::from_secs(spec.store_cfg.lazy_background_delay_seconds);
+        let blob = blob.clone();
         std::thread::Builder::new()
             .name("lazyfs-complete".into())
             .spawn(move || {
                 std::thread::sleep(delay);
-                complete(&spec, &unpacked)
+                // What the prefetch brings is read from the cache, not fetched twice.
+                if let Some(p) = prefetch {
+                    let _ = p.join();
+                }
+                complete(&spec, &unpacked, &blob)
             })
             .map_err(|e| format!("start the completion thread: {e}"))?;
     }
@@ -202,9 +210,12 @@ fn mount(mnt: &Path) -> Result<OwnedFd, String> {
 /// Fetches the whole layer and unpacks it as it arrives, as a pull does (the blob's digest
 /// and the diff id checked before the layer is committed, the format's own files left out),
 /// then hands the unpacked layer to the filesystem (`unpacked`): reads of what no read has
-/// fetched are served from it from then on. All of it at the lowest CPU and I/O priority, on
-/// a runtime of its own: the containers' reads come first.
-fn complete(spec: &Spec, unpacked: &std::sync::OnceLock<OwnedFd>) {
+/// fetched are served from it from then on. The start of the blob that reads (the prefetch)
+/// fetched already is read from `blob`'s cache, not fetched again (a layer the prefetch took
+/// whole needs no request at all); should that fail, the layer is fetched whole once more.
+/// All of it at the lowest CPU and I/O priority, on a runtime of its own: the containers'
+/// reads come first.
+fn complete(spec: &Spec, unpacked: &std::sync::OnceLock<OwnedFd>, blob: &Blob) {
     background_priority();
     let started = Instant::now();
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -221,8 +232,13 @@ fn complete(spec: &Spec, unpacked: &std::sync::OnceLock<OwnedFd>) {
             return;
         }
     };
-    // As many completions at a time on the node as a pull fetches layers at once.
-    let _slot = completion_slot(&spec.store, spec.store_cfg.max_concurrent_downloads);
+    // As many completions at a time on the node as a pull fetches layers at once; one that
+    // has all but a few MiB from its reads (the prefetch took the layer) fetches no bulk and
+    // takes none: it would wait behind big layers for what it mostly holds.
+    let left = |b: &Blob| spec.size - b.present_start().map_or(0, |(_, n)| n);
+    let _slot = (left(blob) > SLOTLESS_BYTES)
+        .then(|| completion_slot(&spec.store, spec.store_cfg.max_concurrent_downloads))
+        .flatten();
     let mut cfg = spec.store_cfg.clone();
     (cfg.lazy_pull, cfg.keep_layer_blobs) = (false, false);
     let store = ImageStore::for_layer_server(spec.store.clone(), cfg);
@@ -236,16 +252,32 @@ fn complete(spec: &Spec, unpacked: &std::sync::OnceLock<OwnedFd>) {
                 crate::error::Error::Host(crate::error::HostError::Other(e.to_string()))
             })?,
         );
-        super::super::fetch::fetch_whole(
-            &store,
-            &reg,
-            &spec.digest,
-            spec.size,
-            &spec.diff_id,
-            &estargz::META_NAMES,
-            Some(super::super::lazy_dirs::reads_marker(&spec.store)),
-        )
-        .await
+        let whole = |local| {
+            super::super::fetch::fetch_whole(
+                &store,
+                &reg,
+                &spec.digest,
+                spec.size,
+                &spec.diff_id,
+                spec.format.meta_names(),
+                super::super::fetch::Completion {
+                    gate: super::super::lazy_dirs::reads_marker(&spec.store),
+                    local,
+                },
+            )
+        };
+        let local = blob.present_start();
+        let had = local.as_ref().map_or(0, |(_, n)| *n);
+        match whole(local).await {
+            Err(e) if had > 0 => {
+                tracing::warn!(layer = %spec.digest, local_bytes = had, error = %e, "lazy layer: the completion from what the reads fetched failed; fetching it whole");
+                whole(None).await
+            }
+            r => {
+                tracing::debug!(layer = %spec.digest, local_bytes = had, "lazy layer: fetched; its start read from the read cache");
+                r
+            }
+        }
     });
     if let Err(e) = done {
         tracing::error!(layer = %spec.digest, error = %e, "lazy layer: the background fetch failed; files are still fetched as read");
@@ -282,19 +314,34 @@ fn complete(spec: &Spec, unpacked: &std::sync::OnceLock<OwnedFd>) {
     );
 }
 
-/// One of the node's `n` completion slots (`lazy/.complete-<k>`, flock): a free one, else
-/// waits for one. None when the lock files cannot be made (then no limit).
+/// A completion with at most this much of its blob left to fetch takes no slot.
+const SLOTLESS_BYTES: u64 = 4 << 20;
+
+/// One of the node's `n` completion slots (`lazy/.complete-<k>`, flock): the first one free,
+/// waiting until one is (each looked at every 50 ms: waiting on one slot chosen in advance
+/// left a layer queued behind a long one while another slot stood free). None when the lock
+/// files cannot be made (then no limit).
 fn completion_slot(store: &Path, n: usize) -> Option<std::fs::File> {
     let n = n.clamp(1, 64) as u64;
-    let lock = |k: u64, how: libc::c_int| -> Option<std::fs::File> {
-        let p = store.join("lazy").join(format!(".complete-{k}"));
-        let f = crate::state::files::create_file(&p, crate::state::files::FILE_MODE).ok()?;
-        // SAFETY: flock on an fd we own; released when the file is dropped.
-        (unsafe { libc::flock(f.as_raw_fd(), how) } == 0).then_some(f)
-    };
-    (0..n)
-        .find_map(|k| lock(k, libc::LOCK_EX | libc::LOCK_NB))
-        .or_else(|| lock(u64::from(std::process::id()) % n, libc::LOCK_EX))
+    let files: Vec<std::fs::File> = (0..n)
+        .filter_map(|k| {
+            let p = store.join("lazy").join(format!(".complete-{k}"));
+            crate::state::files::create_file(&p, crate::state::files::FILE_MODE).ok()
+        })
+        .collect();
+    if files.is_empty() {
+        return None;
+    }
+    loop {
+        // SAFETY: flock on fds we own; the lock is released when its file is dropped.
+        let free = files.iter().position(
+            |f| unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0,
+        );
+        if let Some(k) = free {
+            return files.into_iter().nth(k);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// This thread (and those it starts) at nice 19 and the idle I/O class.

@@ -1,9 +1,11 @@
-//! Lazy layers: an eStargz layer (`../estargz.rs`) mounted from a FUSE filesystem of ours
-//! instead of downloaded first, so a container of a big image starts once the TOCs are read.
+//! Lazy layers: an eStargz layer (`../estargz.rs`) or a zstd:chunked one
+//! (`../zstd_chunked.rs`) mounted from a FUSE filesystem of ours instead of downloaded first,
+//! so a container of a big image starts once the TOCs are read.
 //!
-//! The pull (daemon side, here) asks the registry for the layer's footer and TOC by range
-//! request, checks the TOC against the digest the manifest's layer annotation names (the
-//! manifest is checked against its own digest), reads it into a tree within the store's
+//! The pull (daemon side, here) asks the registry for the layer's TOC by range request
+//! (eStargz: the footer, then the TOC it points at; zstd:chunked: the range the manifest's
+//! position annotation names), checks it against the digest the manifest's layer annotation
+//! names (the manifest is checked against its own digest), reads it into a tree within the store's
 //! layer limits, and starts the layer's server: `sandboxd lazyfs` (`helper.rs`), one process
 //! per layer, in a session of its own so that it outlives daemon restarts as the pods'
 //! monitors do. The server mounts `images/lazy/<diff id>/mnt` (`fuse.sandboxd-lazy`,
@@ -59,6 +61,9 @@ pub struct Spec {
     pub diff_id: String,
     /// Where the TOC begins (its JSON is `toc.json` in the layer's dir).
     pub toc_offset: u64,
+    /// The layer's format (how its chunks are compressed; which names are its own).
+    #[serde(default)]
+    pub format: estargz::Format,
     /// The image store's dir and settings (the completed layer is unpacked into it).
     pub store: PathBuf,
     pub store_cfg: crate::config::StoreConfig,
@@ -96,6 +101,43 @@ pub(crate) async fn fetch_range(
     Ok(Some(body))
 }
 
+/// Where a layer's TOC is and what it must hash to, as its manifest entry says: the layers
+/// that can be served lazily.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TocRef {
+    /// eStargz (a gzip layer): the TOC JSON's digest; the blob's footer says where it is.
+    Estargz { toc_digest: String },
+    /// zstd:chunked (a zstd layer): the compressed TOC's digest and its position.
+    ZstdChunked { checksum: String, position: String },
+}
+
+impl TocRef {
+    /// The TOC a manifest's layer entry (`media_type`, `annotations`) names, if any.
+    pub fn of(media_type: &str, annotations: &serde_json::Value) -> Option<TocRef> {
+        let a = |k: &str| annotations[k].as_str().map(str::to_string);
+        use super::zstd_chunked as z;
+        if media_type.contains("zstd") {
+            return Some(TocRef::ZstdChunked {
+                checksum: a(z::MANIFEST_CHECKSUM_ANNOTATION)?,
+                position: a(z::MANIFEST_POSITION_ANNOTATION)?,
+            });
+        }
+        if media_type.contains("gzip") {
+            return Some(TocRef::Estargz {
+                toc_digest: a(estargz::TOC_DIGEST_ANNOTATION)?,
+            });
+        }
+        None
+    }
+
+    fn format(&self) -> estargz::Format {
+        match self {
+            TocRef::Estargz { .. } => estargz::Format::Estargz,
+            TocRef::ZstdChunked { .. } => estargz::Format::ZstdChunked,
+        }
+    }
+}
+
 /// What [`mount`] did.
 pub enum Mounted {
     /// The layer is served lazily.
@@ -108,32 +150,31 @@ fn invalid(layer: &str, m: impl std::fmt::Display) -> Error {
     Error::InvalidArgument(format!("image: layer {layer}: {m}"))
 }
 
-/// Mounts the eStargz layer `digest` (`size` bytes, TOC digest `toc_digest`) of diff id
-/// `diff_id` from `reg` lazily. A registry that ignores range requests, or a blob that is
-/// no eStargz after all, is [`Mounted::No`]; a TOC that does not match its digest or breaks
-/// a bound is the image's error.
-pub async fn mount(
-    store: &ImageStore,
+/// What a TOC read by range came to: its JSON and where it begins, or why the layer is
+/// pulled whole instead.
+type TocRead = std::result::Result<(Vec<u8>, u64), Mounted>;
+
+/// The eStargz TOC of blob `digest`: the footer read first, then the TOC member it names.
+async fn estargz_toc(
     reg: &Registry,
     digest: &str,
     size: u64,
-    diff_id: &str,
     toc_digest: &str,
-) -> crate::error::Result<Mounted> {
-    let started = std::time::Instant::now();
+) -> crate::error::Result<TocRead> {
     // A registry that fails a range request gets the full pull, which says what it answers.
-    let not_lazy = |e: RegistryError| Mounted::No(format!("a range request failed: {e}"));
+    let not_lazy = |e: RegistryError| Err(Mounted::No(format!("a range request failed: {e}")));
+    let ignores = || Err(Mounted::No("the registry ignores range requests".into()));
     if size <= estargz::FOOTER_SIZE {
-        return Ok(Mounted::No("smaller than an eStargz footer".into()));
+        return Ok(Err(Mounted::No("smaller than an eStargz footer".into())));
     }
     let foot = match fetch_range(reg, digest, size, size - estargz::FOOTER_SIZE, size).await {
         Ok(Some(f)) => f,
-        Ok(None) => return Ok(Mounted::No("the registry ignores range requests".into())),
+        Ok(None) => return Ok(ignores()),
         Err(e) => return Ok(not_lazy(e)),
     };
     let toc_offset = match estargz::parse_footer(&foot) {
         Ok(o) => o,
-        Err(m) => return Ok(Mounted::No(m)),
+        Err(m) => return Ok(Err(Mounted::No(m))),
     };
     let toc_end = size - estargz::FOOTER_SIZE;
     if toc_offset >= toc_end || toc_end - toc_offset > estargz::MAX_TOC_BYTES {
@@ -144,7 +185,7 @@ pub async fn mount(
     }
     let member = match fetch_range(reg, digest, size, toc_offset, toc_end).await {
         Ok(Some(m)) => m,
-        Ok(None) => return Ok(Mounted::No("the registry ignores range requests".into())),
+        Ok(None) => return Ok(ignores()),
         Err(e) => return Ok(not_lazy(e)),
     };
     let json = estargz::toc_json(&member).map_err(|m| invalid(digest, m))?;
@@ -155,11 +196,70 @@ pub async fn mount(
             format!("its TOC is {got}, the manifest's annotation says {toc_digest}"),
         ));
     }
+    Ok(Ok((json, toc_offset)))
+}
+
+/// The zstd:chunked TOC of blob `digest`: the compressed bytes its position annotation names
+/// (inside the blob, checked against the checksum annotation), decompressed within bounds.
+async fn zstd_chunked_toc(
+    reg: &Registry,
+    digest: &str,
+    size: u64,
+    checksum: &str,
+    position: &str,
+) -> crate::error::Result<TocRead> {
+    use super::zstd_chunked as z;
+    let pos = z::Position::parse(position, size).map_err(|m| invalid(digest, m))?;
+    let compressed = match fetch_range(reg, digest, size, pos.offset, pos.offset + pos.length).await
+    {
+        Ok(Some(m)) => m,
+        Ok(None) => {
+            return Ok(Err(Mounted::No(
+                "the registry ignores range requests".into(),
+            )))
+        }
+        Err(e) => return Ok(Err(Mounted::No(format!("a range request failed: {e}")))),
+    };
+    let got = super::store::sha256_of(&compressed);
+    if got != checksum {
+        return Err(invalid(
+            digest,
+            format!("its TOC is {got}, the manifest's annotation says {checksum}"),
+        ));
+    }
+    let json = z::toc_json(&compressed, pos.uncompressed).map_err(|m| invalid(digest, m))?;
+    Ok(Ok((json, pos.frame_start())))
+}
+
+/// Mounts the layer `digest` (`size` bytes, its TOC as `toc` says) of diff id `diff_id` from
+/// `reg` lazily. A registry that ignores range requests, or an eStargz blob that is no
+/// eStargz after all, is [`Mounted::No`]; a TOC that does not match its digest, lies outside
+/// the blob or breaks a bound is the image's error.
+pub async fn mount(
+    store: &ImageStore,
+    reg: &Registry,
+    digest: &str,
+    size: u64,
+    diff_id: &str,
+    toc: &TocRef,
+) -> crate::error::Result<Mounted> {
+    let started = std::time::Instant::now();
+    let read = match toc {
+        TocRef::Estargz { toc_digest } => estargz_toc(reg, digest, size, toc_digest).await?,
+        TocRef::ZstdChunked { checksum, position } => {
+            zstd_chunked_toc(reg, digest, size, checksum, position).await?
+        }
+    };
+    let (json, toc_offset) = match read {
+        Ok(r) => r,
+        Err(no) => return Ok(no),
+    };
+    let format = toc.format();
     let limits = estargz::TocLimits {
         max_entries: store.cfg.max_layer_entries,
         max_bytes: store.cfg.max_layer_bytes,
     };
-    let tree = Tree::parse(&json, toc_offset, limits).map_err(|m| invalid(digest, m))?;
+    let tree = Tree::parse_as(format, &json, toc_offset, limits).map_err(|m| invalid(digest, m))?;
     let d = dir(&store.dir, super::store::digest_hex(diff_id)?);
     if is_ready(&d) && server_lives(&d) {
         return Ok(Mounted::Yes);
@@ -174,6 +274,7 @@ pub async fn mount(
         size,
         diff_id: diff_id.to_string(),
         toc_offset,
+        format,
         store: store.dir.clone(),
         store_cfg: store.cfg.clone(),
     };
@@ -197,6 +298,7 @@ pub async fn mount(
     tracing::info!(
         layer = digest,
         diff_id,
+        format = format.name(),
         files = tree.nodes.len(),
         bytes = tree.bytes,
         toc_bytes = json.len(),
