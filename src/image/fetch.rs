@@ -16,6 +16,10 @@ use super::registry::{Registry, RegistryError};
 use super::store::ImageStore;
 use crate::error::{Error, HostError, Result};
 
+/// Pieces of a layer's body (each what the connection read at once, up to ~400 KiB) held
+/// between the download and the unpacker, per layer in flight.
+const CHANNEL_DEPTH: usize = 4;
+
 /// Bytes of a completion's local start read at a time.
 const LOCAL_READ: u64 = 256 << 10;
 
@@ -175,7 +179,7 @@ pub(crate) async fn fetch_layer(
     // The local start, then the registry's bytes.
     let mut local = local.map(|(f, n)| (f, 0u64, n));
     let ranged = body.ranged();
-    let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(8);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(CHANNEL_DEPTH);
     let unpacker = {
         let store = store.clone();
         let diff_id = diff_id.to_string();

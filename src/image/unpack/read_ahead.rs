@@ -6,8 +6,9 @@
 use std::io::Read;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError};
 
-/// Bytes the decoder hands over at a time.
-pub const CHUNK: usize = 512 << 10;
+/// Bytes the decoder hands over at a time (256 KiB: the tar reader writes files in pieces
+/// of that size; four such buffers a layer in flight, six layers at once by default).
+pub const CHUNK: usize = 256 << 10;
 /// Chunks decoded but not yet read, at most.
 pub const DEPTH: usize = 2;
 
