@@ -177,6 +177,41 @@ fn run_to_exit(
     (id, log)
 }
 
+/// A pod `pod_name` running a container of `image` that reads `/data/hello` (expecting
+/// `hello`) and the first 100 bytes of `/data/big.bin`, to its exit: the pod and container.
+fn run_reader(
+    rt: &sandboxd::Runtime,
+    env: &Env,
+    pod_name: &str,
+    image: &str,
+    hello: &str,
+) -> (String, String) {
+    let mut pod = env.pod(pod_name, false);
+    pod.log_directory = env.base.join("logs").to_string_lossy().into();
+    let sb = rt.run_pod_sandbox(&pod).unwrap();
+    let (first, log) = run_to_exit(
+        rt,
+        env,
+        &sb,
+        image,
+        "first",
+        "cat /data/hello; head -c 100 /data/big.bin | wc -c",
+    );
+    assert!(
+        log.contains(&format!("stdout F {hello}")) && log.contains("stdout F 100"),
+        "{log}"
+    );
+    (sb, first)
+}
+
+/// The 16 bytes at `off` of the file at `path` are those of `want`.
+fn assert_bytes_at(path: &Path, want: &[u8], off: usize) {
+    let f = std::fs::File::open(path).unwrap();
+    let mut b = [0u8; 16];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, off as u64).unwrap();
+    assert_eq!(&b, &want[off..off + 16]);
+}
+
 /// The lowerdirs of the rootfs overlay mounted at `rootfs`.
 fn lowerdirs(rootfs: &Path) -> String {
     let r = rootfs.to_string_lossy().into_owned();
@@ -257,27 +292,9 @@ fn lazy_pull_runs_before_the_layer_arrives_then_completes_and_unmounts() {
     assert_eq!(lazy_mounts(root).len(), 2);
     assert!(rt.images().get(&name).is_some());
     // A container runs from the lazy layers and prints what it read.
-    let mut pod = env.pod("lazy", false);
-    pod.log_directory = env.base.join("logs").to_string_lossy().into();
-    let sb = rt.run_pod_sandbox(&pod).unwrap();
-    let (first, log) = run_to_exit(
-        &rt,
-        &env,
-        &sb,
-        &name,
-        "first",
-        "cat /data/hello; head -c 100 /data/big.bin | wc -c",
-    );
-    assert!(
-        log.contains("stdout F hello") && log.contains("stdout F 100"),
-        "{log}"
-    );
+    let (sb, first) = run_reader(&rt, &env, "lazy", &name, "hello");
     // A byte deep in the big file is what the layer holds.
-    let f = std::fs::File::open(mnt.join("data/big.bin")).unwrap();
-    let mut b = [0u8; 16];
-    std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, 40 << 20).unwrap();
-    assert_eq!(&b, &big[40 << 20..(40 << 20) + 16]);
-    drop(f);
+    assert_bytes_at(&mnt.join("data/big.bin"), &big, 40 << 20);
 
     // The background fetch completes each layer: unpacked (diff id checked) beside the mount.
     for l in &img.layers {
@@ -320,10 +337,7 @@ fn lazy_pull_runs_before_the_layer_arrives_then_completes_and_unmounts() {
         cache.blocks() * 512
     );
     // Reads of what no read fetched now come from the unpacked layer (no more ranges).
-    let f = std::fs::File::open(mnt.join("data/big.bin")).unwrap();
-    std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, 20 << 20).unwrap();
-    assert_eq!(&b, &big[20 << 20..(20 << 20) + 16]);
-    drop(f);
+    assert_bytes_at(&mnt.join("data/big.bin"), &big, 20 << 20);
     assert_eq!(
         served(&reg, &sha(&data)).2,
         requests,
@@ -744,26 +758,8 @@ fn zstd_chunked_layers_are_lazy_too() {
         std::fs::read(mnt.join("stargz.index.json")).unwrap(),
         b"not eStargz's\n"
     );
-    let mut pod = env.pod("lazy-zstd", false);
-    pod.log_directory = env.base.join("logs").to_string_lossy().into();
-    let sb = rt.run_pod_sandbox(&pod).unwrap();
-    let (first, log) = run_to_exit(
-        &rt,
-        &env,
-        &sb,
-        &name,
-        "first",
-        "cat /data/hello; head -c 100 /data/big.bin | wc -c",
-    );
-    assert!(
-        log.contains("stdout F hello zstd") && log.contains("stdout F 100"),
-        "{log}"
-    );
-    let f = std::fs::File::open(mnt.join("data/big.bin")).unwrap();
-    let mut b = [0u8; 16];
-    std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, 9 << 20).unwrap();
-    assert_eq!(&b, &big[9 << 20..(9 << 20) + 16]);
-    drop(f);
+    let (sb, first) = run_reader(&rt, &env, "lazy-zstd", &name, "hello zstd");
+    assert_bytes_at(&mnt.join("data/big.bin"), &big, 9 << 20);
     // (Two chunks of the 12 read, each a 1 MiB frame over two 1 MiB blocks.)
     let (partial, _, _) = served(&reg, &sha(&data));
     assert!(partial < 8 << 20, "the reads fetched {partial} bytes");

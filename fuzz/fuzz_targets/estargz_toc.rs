@@ -4,7 +4,10 @@
 //! within the chunk cap, each file covered by its chunks).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use sandboxd::image::estargz::{self, Kind, TocLimits, Tree};
+use sandboxd::image::estargz::{self, TocLimits, Tree};
+
+#[path = "common/tree_bounds.rs"]
+mod tree_bounds;
 
 fuzz_target!(|data: &[u8]| {
     let limits = TocLimits {
@@ -18,21 +21,6 @@ fuzz_target!(|data: &[u8]| {
     // The input as the JSON itself, the TOC placed 1 MiB in.
     let toc_offset = 1 << 20;
     if let Ok(t) = Tree::parse(data, toc_offset, limits) {
-        assert!(t.nodes.len() as u64 <= limits.max_entries + 1);
-        assert!(t.bytes <= limits.max_bytes);
-        for n in &t.nodes {
-            let mut end = 0;
-            for c in &n.chunks {
-                assert!(c.blob_off < toc_offset && c.blob_off + c.max_compressed <= toc_offset);
-                assert!(c.len <= estargz::MAX_CHUNK && c.file_off == end);
-                end += c.len;
-            }
-            if n.kind == Kind::Reg && !n.chunks.is_empty() {
-                assert_eq!(end, n.size);
-            }
-            for c in n.children.values() {
-                assert!((*c as usize) < t.nodes.len());
-            }
-        }
+        tree_bounds::check(&t, toc_offset, limits);
     }
 });

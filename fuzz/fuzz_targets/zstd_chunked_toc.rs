@@ -5,8 +5,11 @@
 //! before the TOC's frame and within the chunk cap, each file covered by its chunks).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use sandboxd::image::estargz::{self, Format, Kind, TocLimits, Tree};
+use sandboxd::image::estargz::{Format, TocLimits, Tree};
 use sandboxd::image::zstd_chunked::{read_chunk, toc_json, Position};
+
+#[path = "common/tree_bounds.rs"]
+mod tree_bounds;
 
 fuzz_target!(|data: &[u8]| {
     let limits = TocLimits {
@@ -28,18 +31,6 @@ fuzz_target!(|data: &[u8]| {
     let _ = read_chunk(rest, 4096);
     let toc_offset = 1 << 20;
     if let Ok(t) = Tree::parse_as(Format::ZstdChunked, rest, toc_offset, limits) {
-        assert!(t.nodes.len() as u64 <= limits.max_entries + 1);
-        assert!(t.bytes <= limits.max_bytes);
-        for n in &t.nodes {
-            let mut end = 0;
-            for c in &n.chunks {
-                assert!(c.blob_off < toc_offset && c.blob_off + c.max_compressed <= toc_offset);
-                assert!(c.len <= estargz::MAX_CHUNK && c.file_off == end);
-                end += c.len;
-            }
-            if n.kind == Kind::Reg && !n.chunks.is_empty() {
-                assert_eq!(end, n.size);
-            }
-        }
+        tree_bounds::check(&t, toc_offset, limits);
     }
 });

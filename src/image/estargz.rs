@@ -767,11 +767,35 @@ pub struct Written {
     pub toc_digest: String,
 }
 
-/// Counts and hashes what passes to the blob.
-struct Out<W> {
-    w: W,
-    n: u64,
-    hash: sha2::Sha256,
+/// Counts and hashes what passes to the blob (the zstd:chunked writer's too).
+pub(crate) struct Out<W> {
+    pub w: W,
+    pub n: u64,
+    pub hash: sha2::Sha256,
+}
+
+impl<W> Out<W> {
+    pub(crate) fn new(w: W) -> Self {
+        Out {
+            w,
+            n: 0,
+            hash: sha2::Sha256::new(),
+        }
+    }
+}
+
+/// A tar entry's type as a TOC names it (both formats).
+pub(crate) fn toc_kind(t: tar::EntryType) -> &'static str {
+    match t {
+        tar::EntryType::Directory => "dir",
+        tar::EntryType::Regular | tar::EntryType::Continuous => "reg",
+        tar::EntryType::Symlink => "symlink",
+        tar::EntryType::Link => "hardlink",
+        tar::EntryType::Char => "char",
+        tar::EntryType::Block => "block",
+        tar::EntryType::Fifo => "fifo",
+        _ => "reg",
+    }
 }
 
 impl<W: Write> Write for Out<W> {
@@ -834,11 +858,7 @@ pub fn write(tar: &[u8], out: impl Write, opts: &WriteOptions) -> std::io::Resul
     };
     let mut uncompressed = sha2::Sha256::new();
     let mut usize_total = 0u64;
-    let mut o = Out {
-        w: out,
-        n: 0,
-        hash: sha2::Sha256::new(),
-    };
+    let mut o = Out::new(out);
     let mut toc = Vec::new();
     // One gzip member of `data`.
     let mut member = |o: &mut Out<_>, data: &[u8]| -> std::io::Result<()> {
@@ -891,16 +911,7 @@ pub fn write(tar: &[u8], out: impl Write, opts: &WriteOptions) -> std::io::Resul
         }
         let e = &ents[i];
         let h = &e.header;
-        let kind = match h.entry_type() {
-            tar::EntryType::Directory => "dir",
-            tar::EntryType::Regular | tar::EntryType::Continuous => "reg",
-            tar::EntryType::Symlink => "symlink",
-            tar::EntryType::Link => "hardlink",
-            tar::EntryType::Char => "char",
-            tar::EntryType::Block => "block",
-            tar::EntryType::Fifo => "fifo",
-            _ => "reg",
-        };
+        let kind = toc_kind(h.entry_type());
         let mut te = RawEntry {
             name: norm(&e.name),
             kind: kind.into(),
@@ -986,13 +997,15 @@ pub fn write(tar: &[u8], out: impl Write, opts: &WriteOptions) -> std::io::Resul
     })
 }
 
+/// A layer tar for the TOC tests (`zstd_chunked.rs`'s too): each entry uid 7, 0755 for dirs
+/// and 0640 otherwise, built with `add(name, kind, data, link)`.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn layer() -> Vec<u8> {
-        let mut b = tar::Builder::new(Vec::new());
-        let mut add = |name: &str, kind: tar::EntryType, data: &[u8], link: Option<&str>| {
+pub(crate) fn test_tar(
+    f: impl FnOnce(&mut dyn FnMut(&str, tar::EntryType, &[u8], Option<&str>)),
+) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    f(
+        &mut |name: &str, kind: tar::EntryType, data: &[u8], link: Option<&str>| {
             let mut h = tar::Header::new_gnu();
             h.set_entry_type(kind);
             h.set_mode(if kind == tar::EntryType::Directory {
@@ -1007,16 +1020,26 @@ mod tests {
                 h.set_link_name(l).unwrap();
             }
             b.append_data(&mut h, name, data).unwrap();
-        };
-        add("bin/", tar::EntryType::Directory, b"", None);
-        add("bin/big", tar::EntryType::Regular, &vec![7u8; 10_000], None);
-        add("bin/small", tar::EntryType::Regular, b"hello\n", None);
-        add("bin/link", tar::EntryType::Symlink, b"", Some("small"));
-        add("bin/hard", tar::EntryType::Link, b"", Some("bin/small"));
-        add("etc/.wh.gone", tar::EntryType::Regular, b"", None);
-        add("opt/.wh..wh..opq", tar::EntryType::Regular, b"", None);
-        add("empty", tar::EntryType::Regular, b"", None);
-        b.into_inner().unwrap()
+        },
+    );
+    b.into_inner().unwrap()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer() -> Vec<u8> {
+        test_tar(|add| {
+            add("bin/", tar::EntryType::Directory, b"", None);
+            add("bin/big", tar::EntryType::Regular, &vec![7u8; 10_000], None);
+            add("bin/small", tar::EntryType::Regular, b"hello\n", None);
+            add("bin/link", tar::EntryType::Symlink, b"", Some("small"));
+            add("bin/hard", tar::EntryType::Link, b"", Some("bin/small"));
+            add("etc/.wh.gone", tar::EntryType::Regular, b"", None);
+            add("opt/.wh..wh..opq", tar::EntryType::Regular, b"", None);
+            add("empty", tar::EntryType::Regular, b"", None);
+        })
     }
 
     fn written(opts: &WriteOptions) -> (Vec<u8>, Written) {

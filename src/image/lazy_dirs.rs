@@ -109,6 +109,11 @@ pub(crate) fn touch_reads(
         return;
     }
     last.store(now, Ordering::Relaxed);
+    set_marker(marker, std::time::SystemTime::now());
+}
+
+/// The marker's mtime set to `t` (made 0600 where missing, never through a link).
+fn set_marker(marker: &Path, t: std::time::SystemTime) {
     use std::os::unix::fs::OpenOptionsExt;
     let _ = std::fs::OpenOptions::new()
         .create(true)
@@ -117,7 +122,7 @@ pub(crate) fn touch_reads(
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(marker)
-        .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+        .and_then(|f| f.set_modified(t));
 }
 
 /// Holds the completions back for `d` from now (a container of lazy layers being made or
@@ -132,15 +137,7 @@ pub(crate) fn hold_reads(marker: &Path, d: Duration, replace: bool) {
     if later && !replace {
         return;
     }
-    use std::os::unix::fs::OpenOptionsExt;
-    let _ = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(marker)
-        .and_then(|f| f.set_modified(until));
+    set_marker(marker, until);
 }
 
 /// Whether the marker says containers read (or are being made): touched in the last

@@ -18,7 +18,7 @@ use std::io::{Read, Write};
 
 use sha2::Digest;
 
-use super::estargz::{RawEntry, MAX_CHUNK, MAX_TOC_BYTES};
+use super::estargz::{Out, RawEntry, MAX_CHUNK, MAX_TOC_BYTES};
 use super::store::sha256_of;
 use super::unpack::hex;
 
@@ -154,12 +154,8 @@ fn skippable(data: &[u8]) -> Vec<u8> {
 pub fn write(tar: &[u8], out: impl Write, chunk_size: u64) -> std::io::Result<Written> {
     let bad = |e: std::io::Error| std::io::Error::other(format!("layer tar: {e}"));
     let norm = |n: &str| n.trim_start_matches("./").trim_matches('/').to_string();
-    let mut o = Counted {
-        w: out,
-        n: 0,
-        hash: sha2::Sha256::new(),
-    };
-    let frame = |o: &mut Counted<_>, data: &[u8]| -> std::io::Result<()> {
+    let mut o = Out::new(out);
+    let frame = |o: &mut Out<_>, data: &[u8]| -> std::io::Result<()> {
         o.write_all(&zstd::bulk::compress(data, 3)?)
     };
     let mut toc: Vec<RawEntry> = Vec::new();
@@ -171,16 +167,7 @@ pub fn write(tar: &[u8], out: impl Write, chunk_size: u64) -> std::io::Result<Wr
         let start = e.raw_file_position() as usize;
         let size = e.size() as usize;
         let h = e.header();
-        let kind = match h.entry_type() {
-            tar::EntryType::Directory => "dir",
-            tar::EntryType::Regular | tar::EntryType::Continuous => "reg",
-            tar::EntryType::Symlink => "symlink",
-            tar::EntryType::Link => "hardlink",
-            tar::EntryType::Char => "char",
-            tar::EntryType::Block => "block",
-            tar::EntryType::Fifo => "fifo",
-            _ => "reg",
-        };
+        let kind = super::estargz::toc_kind(h.entry_type());
         let name = norm(&String::from_utf8_lossy(&e.path_bytes()));
         let link = e
             .link_name_bytes()
@@ -284,60 +271,25 @@ pub fn write(tar: &[u8], out: impl Write, chunk_size: u64) -> std::io::Result<Wr
     })
 }
 
-/// Counts and hashes what passes to the blob.
-struct Counted<W> {
-    w: W,
-    n: u64,
-    hash: sha2::Sha256,
-}
-
-impl<W: Write> Write for Counted<W> {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        let n = self.w.write(b)?;
-        self.n += n as u64;
-        self.hash.update(&b[..n]);
-        Ok(n)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.w.flush()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::image::estargz::{Format, Kind, TocLimits, Tree};
 
     fn layer() -> Vec<u8> {
-        let mut b = tar::Builder::new(Vec::new());
-        let mut add = |name: &str, kind: tar::EntryType, data: &[u8], link: Option<&str>| {
-            let mut h = tar::Header::new_gnu();
-            h.set_entry_type(kind);
-            h.set_mode(if kind == tar::EntryType::Directory {
-                0o755
-            } else {
-                0o640
-            });
-            h.set_uid(7);
-            h.set_size(data.len() as u64);
-            h.set_mtime(1_700_000_000);
-            if let Some(l) = link {
-                h.set_link_name(l).unwrap();
-            }
-            b.append_data(&mut h, name, data).unwrap();
-        };
-        add("bin/", tar::EntryType::Directory, b"", None);
-        let big: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
-        add("bin/big", tar::EntryType::Regular, &big, None);
-        add("bin/small", tar::EntryType::Regular, b"hello\n", None);
-        add("bin/link", tar::EntryType::Symlink, b"", Some("small"));
-        add("bin/hard", tar::EntryType::Link, b"", Some("bin/small"));
-        add("etc/.wh.gone", tar::EntryType::Regular, b"", None);
-        add("opt/.wh..wh..opq", tar::EntryType::Regular, b"", None);
-        // A name eStargz keeps for itself is an ordinary file here.
-        add("stargz.index.json", tar::EntryType::Regular, b"{}", None);
-        add("empty", tar::EntryType::Regular, b"", None);
-        b.into_inner().unwrap()
+        crate::image::estargz::test_tar(|add| {
+            add("bin/", tar::EntryType::Directory, b"", None);
+            let big: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+            add("bin/big", tar::EntryType::Regular, &big, None);
+            add("bin/small", tar::EntryType::Regular, b"hello\n", None);
+            add("bin/link", tar::EntryType::Symlink, b"", Some("small"));
+            add("bin/hard", tar::EntryType::Link, b"", Some("bin/small"));
+            add("etc/.wh.gone", tar::EntryType::Regular, b"", None);
+            add("opt/.wh..wh..opq", tar::EntryType::Regular, b"", None);
+            // A name eStargz keeps for itself is an ordinary file here.
+            add("stargz.index.json", tar::EntryType::Regular, b"{}", None);
+            add("empty", tar::EntryType::Regular, b"", None);
+        })
     }
 
     fn limits() -> TocLimits {
