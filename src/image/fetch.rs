@@ -69,8 +69,9 @@ pub(crate) struct LayerDesc {
     pub foreign: bool,
     /// An OCI artifact's layer: kept as one file of this name, not unpacked.
     pub file: Option<String>,
-    /// Where an eStargz or zstd:chunked layer's TOC is (its manifest annotations).
-    pub toc: Option<super::lazy::TocRef>,
+    /// Its manifest entry's annotations (where an eStargz or zstd:chunked layer's TOC is:
+    /// `lazy::TocRef::of`).
+    pub annotations: serde_json::Value,
 }
 
 /// One item of a layer's byte stream into the unpacker.
@@ -138,7 +139,7 @@ pub(crate) async fn fetch_whole(
         media_type: "application/vnd.oci.image.layer.v1.tar+gzip".into(),
         foreign: false,
         file: None,
-        toc: None,
+        annotations: serde_json::Value::Null,
     };
     let progress = LayerProgress::detached(digest, size);
     fetch_layer(store, reg, &l, diff_id, &progress, left_out, Some(c))

@@ -284,7 +284,7 @@ async fn pull_from(
                 .ok_or_else(|| RegistryError::Invalid(format!("layer {digest} has no size")))?,
             foreign: media_type.contains("foreign") || media_type.contains("nondistributable"),
             file: artifact.then(|| super::artifact::file_name(&l, &digest)),
-            toc: super::lazy::TocRef::of(&media_type, &l["annotations"]),
+            annotations: l["annotations"].clone(),
             digest,
             media_type,
         });
@@ -448,12 +448,13 @@ async fn lazily(
     l: &LayerDesc,
     diff_id: &str,
 ) -> Result<bool> {
-    let toc = l
-        .toc
-        .as_ref()
-        .filter(|_| store.cfg.lazy_pull && l.file.is_none());
-    let Some(toc) = toc else { return Ok(false) };
-    match super::lazy::mount(store, reg, &l.digest, l.size, diff_id, toc).await? {
+    if !store.cfg.lazy_pull || l.file.is_some() {
+        return Ok(false);
+    }
+    let Some(toc) = super::lazy::TocRef::of(&l.media_type, &l.annotations) else {
+        return Ok(false);
+    };
+    match super::lazy::mount(store, reg, &l.digest, l.size, diff_id, &toc).await? {
         super::lazy::Mounted::Yes => Ok(true),
         super::lazy::Mounted::No(why) => {
             tracing::info!(layer = %l.digest, diff_id, why, "lazy-capable layer not lazy: pulled whole");
