@@ -155,9 +155,8 @@ fn reads_now(marker: &Path) -> bool {
 /// A background completion's input that pauses while containers read lazy layers or are
 /// being made ([`reads_now`]), at most 10 s in all, so that it never starves; looked at
 /// again every 20 ms while paused, so that it leaves the cores idle little after the reads
-/// stop. The
-/// marker is looked at once per 20 ms of reading, not at every read of the decoder's
-/// (32 KiB each: some 65,000 `statx` for a 2 GiB layer).
+/// stop. The marker is looked at once per 20 ms of reading, not at every read of the
+/// decoder's (32 KiB each: some 65,000 `statx` for a 2 GiB layer).
 pub(crate) struct Gated<R> {
     inner: R,
     marker: PathBuf,
