@@ -1,10 +1,17 @@
-//! The filesystem side of unpacking: entry paths made safe, parents created without
-//! following links, whiteouts and opaque markers in overlayfs format, ownership.
+//! The filesystem side of unpacking: entry paths made safe, the layer dir reached by
+//! descriptor without following links, whiteouts and opaque markers in overlayfs format,
+//! ownership.
 #![allow(unsafe_code)]
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
+use std::rc::Rc;
+
+use nix::errno::Errno;
+use nix::fcntl::{openat, OFlag, AT_FDCWD};
+use nix::sys::stat::{fstatat, mkdirat, Mode, SFlag};
+use nix::unistd::{unlinkat, UnlinkatFlags};
 
 use super::LayerError;
 use crate::error::HostError;
@@ -31,77 +38,152 @@ pub(super) fn clean(path: &Path) -> Result<Option<PathBuf>, LayerError> {
     })
 }
 
-/// Creates the parents of `rel` under `root`, refusing any existing parent that is not a
-/// real directory (a symlink planted by an earlier entry could otherwise redirect us).
-pub(super) fn safe_parent(root: &Path, rel: &Path) -> Result<PathBuf, LayerError> {
-    let mut cur = root.to_path_buf();
-    if let Some(parent) = rel.parent() {
-        for c in parent.components() {
-            cur.push(c);
-            match std::fs::symlink_metadata(&cur) {
-                Ok(m) if m.is_dir() => {}
-                Ok(_) => {
-                    return Err(LayerError::Hostile {
-                        entry: rel.display().to_string(),
-                        reason: "a parent that is not a directory (a symlink?)".into(),
-                    })
+/// How the layer's directories are opened: never through a symlink, never anything else.
+const DIR: OFlag = OFlag::O_RDONLY
+    .union(OFlag::O_DIRECTORY)
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_CLOEXEC);
+
+/// How many of the last parent's components [`Tree`] keeps open.
+const KEEP_OPEN: usize = 32;
+
+/// The layer dir being written, reached by descriptor: an entry's parent is opened from the
+/// root one component at a time, each `O_NOFOLLOW | O_DIRECTORY` (a symlink or file an earlier
+/// entry planted there is refused, never followed), and every entry is made relative to its
+/// parent's descriptor. The last parent's chain stays open (a tar's entries come grouped by
+/// directory, so the next entry's parent shares most of it) until a directory is removed.
+pub(super) struct Tree {
+    root: Rc<OwnedFd>,
+    path: PathBuf,
+    /// The components of the last parent, each with its descriptor.
+    open: Vec<(std::ffi::OsString, Rc<OwnedFd>)>,
+}
+
+impl Tree {
+    pub(super) fn open(root: &Path) -> Result<Tree, HostError> {
+        let fd = openat(AT_FDCWD, root, DIR, Mode::empty())
+            .map_err(|e| HostError::sys("open", root, e))?;
+        Ok(Tree {
+            root: Rc::new(fd),
+            path: root.to_path_buf(),
+            open: Vec::new(),
+        })
+    }
+
+    /// Where `rel` is on the host, for messages.
+    pub(super) fn host_path(&self, rel: &Path) -> PathBuf {
+        self.path.join(rel)
+    }
+
+    /// The directory `dir` (relative to the root, empty for the root) for the entry `entry`,
+    /// its missing components created (0755, root's) when `create`.
+    pub(super) fn dir(
+        &mut self,
+        entry: &Path,
+        dir: &Path,
+        create: bool,
+    ) -> Result<Rc<OwnedFd>, LayerError> {
+        let refused = |reason: &str| LayerError::Hostile {
+            entry: entry.display().to_string(),
+            reason: reason.into(),
+        };
+        let mut shared = 0;
+        for (c, (open, _)) in dir.components().zip(&self.open) {
+            if c.as_os_str() != open {
+                break;
+            }
+            shared += 1;
+        }
+        self.open.truncate(shared);
+        // Past KEEP_OPEN components, each is closed once its child is open: a hostile layer's
+        // deep paths hold no more descriptors than that.
+        let mut deep: Option<Rc<OwnedFd>> = None;
+        for c in dir.components().skip(shared) {
+            let name = c.as_os_str();
+            let cur = deep
+                .clone()
+                .unwrap_or_else(|| self.open.last().map_or(&self.root, |(_, fd)| fd).clone());
+            let next = match openat(cur.as_fd(), name, DIR, Mode::empty()) {
+                Ok(fd) => fd,
+                Err(Errno::ENOENT) if create => {
+                    mkdirat(cur.as_fd(), name, Mode::from_bits_truncate(0o755))
+                        .map_err(|e| HostError::sys("create", self.path.join(dir), e))?;
+                    openat(cur.as_fd(), name, DIR, Mode::empty())
+                        .map_err(|e| HostError::sys("open", self.path.join(dir), e))?
                 }
-                Err(_) => {
-                    std::fs::create_dir(&cur).map_err(|e| HostError::io("create", &cur, e))?;
+                Err(Errno::ENOENT) => return Err(refused("a parent that does not exist")),
+                Err(Errno::ENOTDIR | Errno::ELOOP) => {
+                    return Err(refused("a parent that is not a directory (a symlink?)"))
                 }
+                Err(e) => return Err(HostError::sys("open", self.path.join(dir), e).into()),
+            };
+            let next = Rc::new(next);
+            if deep.is_none() && self.open.len() < KEEP_OPEN {
+                self.open.push((name.to_os_string(), next));
+            } else {
+                deep = Some(next);
             }
         }
+        Ok(deep.unwrap_or_else(|| self.open.last().map_or(&self.root, |(_, fd)| fd).clone()))
     }
-    Ok(root.join(rel))
-}
 
-pub(super) fn remove_any(p: &Path) {
-    match std::fs::symlink_metadata(p) {
-        Ok(m) if m.is_dir() => {
-            let _ = std::fs::remove_dir_all(p);
+    /// Removes whatever `name` is in `parent` (`parent_rel`), a directory with all it holds;
+    /// nothing if there is none. Best effort: what stays makes the next create fail.
+    pub(super) fn remove(&mut self, parent: &OwnedFd, parent_rel: &Path, name: &OsStr) {
+        match fstatat(parent, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR => {
+                // By path: every component up to `parent` was just opened without following
+                // a link, the dir is private to the daemon, and remove_dir_all follows none.
+                let _ = std::fs::remove_dir_all(self.path.join(parent_rel).join(name));
+                self.open.clear();
+            }
+            Ok(_) => {
+                let _ = unlinkat(parent, name, UnlinkatFlags::NoRemoveDir);
+            }
+            Err(_) => {}
         }
-        Ok(_) => {
-            let _ = std::fs::remove_file(p);
+    }
+
+    /// Runs `make` (a create in `parent` that fails with EEXIST if `name` is there); if
+    /// something is there, removes it and runs `make` once more.
+    pub(super) fn replace<T>(
+        &mut self,
+        parent: &OwnedFd,
+        parent_rel: &Path,
+        name: &OsStr,
+        mut make: impl FnMut() -> nix::Result<T>,
+    ) -> nix::Result<T> {
+        match make() {
+            Err(Errno::EEXIST) => {
+                self.remove(parent, parent_rel, name);
+                make()
+            }
+            r => r,
         }
-        Err(_) => {}
     }
 }
 
-fn cstr(p: &Path) -> Result<CString, HostError> {
-    CString::new(p.as_os_str().as_bytes())
-        .map_err(|_| HostError::io("use", p, std::io::ErrorKind::InvalidInput.into()))
+/// Whether `name` in `dir` is a directory (not a link to one).
+pub(super) fn is_dir_at(dir: &OwnedFd, name: &OsStr) -> bool {
+    fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+        .is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR)
 }
 
-pub(super) fn lchown(p: &Path, uid: u64, gid: u64) -> Result<(), HostError> {
-    let c = cstr(p)?;
-    // SAFETY: lchown with a valid NUL-terminated path; it does not follow symlinks.
-    if unsafe { libc::lchown(c.as_ptr(), uid as libc::uid_t, gid as libc::gid_t) } != 0 {
-        return Err(HostError::io("chown", p, std::io::Error::last_os_error()));
-    }
-    Ok(())
+/// Whether `name` in `dir` is a regular file (not a link to one).
+pub(super) fn is_file_at(dir: &OwnedFd, name: &OsStr) -> bool {
+    fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+        .is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFREG)
 }
 
-pub(super) fn whiteout(p: &Path) -> Result<(), HostError> {
-    let c = cstr(p)?;
-    // SAFETY: mknod with a valid path, a char-device mode and device 0:0 (overlay's whiteout).
-    if unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR, 0) } != 0 {
-        return Err(HostError::io(
-            "create whiteout",
-            p,
-            std::io::Error::last_os_error(),
-        ));
-    }
-    Ok(())
-}
-
-pub(super) fn opaque(dir: &Path) -> Result<(), HostError> {
-    let c = cstr(dir)?;
+/// Sets overlayfs's opaque marker on the open directory `dir`.
+pub(super) fn opaque(dir: &OwnedFd, path: &Path) -> Result<(), HostError> {
     let name = c"trusted.overlay.opaque";
-    // SAFETY: lsetxattr with valid NUL-terminated strings and a 1-byte value buffer.
-    if unsafe { libc::lsetxattr(c.as_ptr(), name.as_ptr(), b"y".as_ptr().cast(), 1, 0) } != 0 {
+    // SAFETY: fsetxattr on a descriptor `dir` owns, with a NUL-terminated name and a 1-byte
+    // value buffer.
+    if unsafe { libc::fsetxattr(dir.as_raw_fd(), name.as_ptr(), b"y".as_ptr().cast(), 1, 0) } != 0 {
         return Err(HostError::io(
             "mark opaque",
-            dir,
+            path,
             std::io::Error::last_os_error(),
         ));
     }
@@ -117,7 +199,6 @@ pub(super) fn filetime(secs: u64) -> nix::sys::time::TimeSpec {
 /// already under way, overlapped with unpacking the rest, instead of issuing them all at the
 /// end. Best effort: the `syncfs` is what makes the data durable.
 pub(super) fn start_writeback(f: &std::fs::File) {
-    use std::os::fd::AsRawFd;
     // SAFETY: a plain syscall on a descriptor `f` owns for the call's duration; no memory is
     // passed.
     unsafe {

@@ -1,8 +1,9 @@
 //! Applies one layer tar (plain, gzip or zstd) into its own directory in overlayfs format:
 //! whiteouts `.wh.<name>` become 0:0 character devices, opaque markers `.wh..wh..opq` the
 //! `trusted.overlay.opaque` xattr, so the layer dirs stack as overlay lowerdirs. No entry can
-//! escape the layer dir: absolute paths are made relative, `..` is refused, and no path is
-//! created through a symlink (every parent is checked with lstat; the dir is private to us).
+//! escape the layer dir: absolute paths are made relative, `..` is refused, and nothing is
+//! created through a symlink (every entry is made relative to its parent's descriptor, each
+//! parent opened from the layer dir's one component at a time without following a link).
 //! Ownership, modes and hardlinks are kept; device nodes are skipped.
 
 mod fs;
@@ -12,11 +13,18 @@ mod tests;
 
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+use nix::errno::Errno;
+use nix::fcntl::{openat, AtFlags, OFlag};
+use nix::sys::stat::{
+    fchmod, fchmodat, futimens, mkdirat, mknodat, utimensat, FchmodatFlags, Mode, SFlag,
+    UtimensatFlags,
+};
+use nix::unistd::{fchown, fchownat, linkat, mkfifoat, symlinkat, Gid, Uid};
+
 use crate::error::HostError;
-use fs::{clean, filetime, lchown, opaque, remove_any, safe_parent, whiteout};
+use fs::{clean, filetime, is_dir_at, is_file_at, opaque, Tree};
 
 /// Why a layer could not be applied.
 #[derive(Debug, thiserror::Error)]
@@ -249,6 +257,11 @@ fn copy_file(
 /// Every this many bytes written, the free space is checked again.
 const FREE_CHECK_EVERY: u64 = 64 << 20;
 
+/// Files at least this big start their writeback as soon as they are written (see
+/// [`fs::start_writeback`]); smaller ones are left to the layer's `syncfs`, which writes them
+/// together: a write started per small file costs more than it overlaps.
+const WRITEBACK_FROM: u64 = 256 << 10;
+
 fn apply_plain(reader: &mut dyn Read, root: &Path, limits: &Limits) -> Result<Applied, LayerError> {
     let check_free = || {
         match free_bytes(root) {
@@ -267,6 +280,7 @@ fn apply_plain(reader: &mut dyn Read, root: &Path, limits: &Limits) -> Result<Ap
     let entries = archive.entries().map_err(read_error)?;
     let mut buf = vec![0u8; COPY_BUF];
     let mut dir_times = Vec::new();
+    let mut tree = Tree::open(root)?;
     for entry in entries {
         let mut entry = entry.map_err(read_error)?;
         let raw_path = entry
@@ -283,18 +297,16 @@ fn apply_plain(reader: &mut dyn Read, root: &Path, limits: &Limits) -> Result<Ap
                 limits.max_entries
             )));
         }
-        let name = rel
-            .file_name()
-            .map(|n| n.as_bytes().to_vec())
-            .unwrap_or_default();
-        if name == b".wh..wh..opq" {
-            let dir = safe_parent(root, &rel)?;
-            let dir = dir.parent().unwrap_or(root).to_path_buf();
-            opaque(&dir)?;
+        let parent_rel = rel.parent().unwrap_or(Path::new(""));
+        let name = rel.file_name().unwrap_or_default();
+        let parent = tree.dir(&rel, parent_rel, true)?;
+        let dest = || root.join(&rel);
+        if name.as_bytes() == b".wh..wh..opq" {
+            opaque(&parent, &tree.host_path(parent_rel))?;
             applied.whiteouts += 1;
             continue;
         }
-        if let Some(hidden) = name.strip_prefix(b".wh.") {
+        if let Some(hidden) = name.as_bytes().strip_prefix(b".wh.") {
             // The whited-out name is an entry name like any other: `.wh...` would name the
             // parent directory and `.wh..` this one.
             if hidden.is_empty() || hidden == b"." || hidden == b".." || hidden.contains(&b'/') {
@@ -306,44 +318,67 @@ fn apply_plain(reader: &mut dyn Read, root: &Path, limits: &Limits) -> Result<Ap
                     ),
                 });
             }
-            let target =
-                safe_parent(root, &rel)?.with_file_name(std::ffi::OsStr::from_bytes(hidden));
-            remove_any(&target);
-            whiteout(&target)?;
+            let hidden = std::ffi::OsStr::from_bytes(hidden);
+            tree.replace(&parent, parent_rel, hidden, || {
+                mknodat(&*parent, hidden, SFlag::S_IFCHR, Mode::empty(), 0)
+            })
+            .map_err(|e| HostError::sys("create whiteout", tree.host_path(&rel), e))?;
             applied.whiteouts += 1;
             continue;
         }
-        let dest = safe_parent(root, &rel)?;
         let header = entry.header().clone();
-        let mode = header.mode().unwrap_or(0o644) & 0o7777;
-        let (uid, gid) = (header.uid().unwrap_or(0), header.gid().unwrap_or(0));
+        let mode = Mode::from_bits_truncate(header.mode().unwrap_or(0o644) & 0o7777);
+        let owner = (
+            Some(Uid::from_raw(header.uid().unwrap_or(0) as u32)),
+            Some(Gid::from_raw(header.gid().unwrap_or(0) as u32)),
+        );
         let kind = header.entry_type();
-        if !kind.is_dir() {
-            remove_any(&dest);
-        }
         match kind {
             tar::EntryType::Directory => {
-                match std::fs::symlink_metadata(&dest) {
-                    Ok(m) if m.is_dir() => {}
-                    Ok(_) => {
-                        remove_any(&dest);
-                        std::fs::create_dir(&dest)
-                            .map_err(|e| HostError::io("create", &dest, e))?;
+                match mkdirat(&*parent, name, Mode::from_bits_truncate(0o700)) {
+                    Err(Errno::EEXIST) if is_dir_at(&parent, name) => Ok(()),
+                    Err(Errno::EEXIST) => {
+                        tree.remove(&parent, parent_rel, name);
+                        mkdirat(&*parent, name, Mode::from_bits_truncate(0o700))
                     }
-                    Err(_) => {
-                        std::fs::create_dir(&dest).map_err(|e| HostError::io("create", &dest, e))?
-                    }
+                    r => r,
                 }
-                dir_times.push((dest.clone(), header.mtime().unwrap_or(0)));
+                .map_err(|e| HostError::sys("create", dest(), e))?;
+                fchownat(
+                    &*parent,
+                    name,
+                    owner.0,
+                    owner.1,
+                    AtFlags::AT_SYMLINK_NOFOLLOW,
+                )
+                .map_err(|e| HostError::sys("chown", dest(), e))?;
+                // A directory of the layer's just made or checked: the name cannot be a link.
+                fchmodat(&*parent, name, mode, FchmodatFlags::FollowSymlink)
+                    .map_err(|e| HostError::sys("chmod", dest(), e))?;
+                dir_times.push((rel.clone(), header.mtime().unwrap_or(0)));
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
-                let mut f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .open(&dest)
-                    .map_err(|e| HostError::io("create", &dest, e))?;
-                applied.bytes += copy_file(&mut entry, &mut f, &mut buf, &dest)?;
-                fs::start_writeback(&f);
+                let flags = OFlag::O_WRONLY
+                    | OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC;
+                let fd = tree
+                    .replace(&parent, parent_rel, name, || {
+                        openat(&*parent, name, flags, Mode::from_bits_truncate(0o600))
+                    })
+                    .map_err(|e| HostError::sys("create", dest(), e))?;
+                let mut f = std::fs::File::from(fd);
+                let n = copy_file(&mut entry, &mut f, &mut buf, &dest())?;
+                applied.bytes += n;
+                // Ownership before the mode: a chown clears set-user-ID and set-group-ID.
+                fchown(&f, owner.0, owner.1).map_err(|e| HostError::sys("chown", dest(), e))?;
+                fchmod(&f, mode).map_err(|e| HostError::sys("chmod", dest(), e))?;
+                let t = filetime(header.mtime().unwrap_or(0));
+                let _ = futimens(&f, &t, &t);
+                if n >= WRITEBACK_FROM {
+                    fs::start_writeback(&f);
+                }
                 if applied.bytes >= next_check {
                     check_free()?;
                     next_check = applied.bytes + FREE_CHECK_EVERY;
@@ -354,8 +389,18 @@ fn apply_plain(reader: &mut dyn Read, root: &Path, limits: &Limits) -> Result<Ap
                     .link_name()
                     .map_err(|e| malformed("symlink target", e))?
                     .ok_or_else(|| malformed("symlink without a target", rel.display()))?;
-                std::os::unix::fs::symlink(&target, &dest)
-                    .map_err(|e| HostError::io("symlink", &dest, e))?;
+                tree.replace(&parent, parent_rel, name, || {
+                    symlinkat(&*target, &*parent, name)
+                })
+                .map_err(|e| HostError::sys("symlink", dest(), e))?;
+                fchownat(
+                    &*parent,
+                    name,
+                    owner.0,
+                    owner.1,
+                    AtFlags::AT_SYMLINK_NOFOLLOW,
+                )
+                .map_err(|e| HostError::sys("chown", dest(), e))?;
             }
             tar::EntryType::Link => {
                 let target = entry
@@ -366,56 +411,60 @@ fn apply_plain(reader: &mut dyn Read, root: &Path, limits: &Limits) -> Result<Ap
                     entry: rel.display().to_string(),
                     reason: "a hardlink to the layer's root".into(),
                 })?;
-                let src = safe_parent(root, &target)?;
-                match std::fs::symlink_metadata(&src) {
-                    Ok(m) if m.is_file() => {}
-                    _ => {
-                        return Err(LayerError::Hostile {
-                            entry: rel.display().to_string(),
-                            reason: format!(
-                                "a hardlink to {}, which is not a regular file of this layer",
-                                target.display()
-                            ),
-                        })
-                    }
+                let not_ours = || LayerError::Hostile {
+                    entry: rel.display().to_string(),
+                    reason: format!(
+                        "a hardlink to {}, which is not a regular file of this layer",
+                        target.display()
+                    ),
+                };
+                let target_name = target.file_name().unwrap_or_default();
+                let from = tree
+                    .dir(&rel, target.parent().unwrap_or(Path::new("")), false)
+                    .map_err(|_| not_ours())?;
+                if !is_file_at(&from, target_name) {
+                    return Err(not_ours());
                 }
-                std::fs::hard_link(&src, &dest).map_err(|e| HostError::io("hardlink", &dest, e))?;
-                continue; // shares the target's owner and mode
+                tree.replace(&parent, parent_rel, name, || {
+                    linkat(&*from, target_name, &*parent, name, AtFlags::empty())
+                })
+                .map_err(|e| HostError::sys("hardlink", dest(), e))?;
+                // It shares the target's owner and mode.
             }
             tar::EntryType::Fifo => {
-                nix::unistd::mkfifo(&dest, nix::sys::stat::Mode::from_bits_truncate(mode))
-                    .map_err(|e| HostError::sys("mkfifo", &dest, e))?;
+                tree.replace(&parent, parent_rel, name, || mkfifoat(&*parent, name, mode))
+                    .map_err(|e| HostError::sys("mkfifo", dest(), e))?;
+                fchownat(
+                    &*parent,
+                    name,
+                    owner.0,
+                    owner.1,
+                    AtFlags::AT_SYMLINK_NOFOLLOW,
+                )
+                .map_err(|e| HostError::sys("chown", dest(), e))?;
+                fchmodat(&*parent, name, mode, FchmodatFlags::FollowSymlink)
+                    .map_err(|e| HostError::sys("chmod", dest(), e))?;
             }
             tar::EntryType::Char | tar::EntryType::Block => {
                 applied.skipped_devices += 1;
-                continue;
             }
-            _ => continue, // pax/gnu headers are consumed by the tar reader
-        }
-        lchown(&dest, uid, gid)?;
-        if kind != tar::EntryType::Symlink {
-            std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(mode))
-                .map_err(|e| HostError::io("chmod", &dest, e))?;
-        }
-        if kind.is_file() {
-            let t = filetime(header.mtime().unwrap_or(0));
-            let _ = nix::sys::stat::utimensat(
-                nix::fcntl::AT_FDCWD,
-                &dest,
-                &t,
-                &t,
-                nix::sys::stat::UtimensatFlags::NoFollowSymlink,
-            );
+            _ => {} // pax/gnu headers are consumed by the tar reader
         }
     }
-    for (d, m) in dir_times.into_iter().rev() {
+    // Directories' times last (their entries changed them), each reached again from the root
+    // without following a link: a later entry may have put a symlink where a parent was.
+    for (rel, m) in dir_times.into_iter().rev() {
+        let parent_rel = rel.parent().unwrap_or(Path::new(""));
+        let Ok(parent) = tree.dir(&rel, parent_rel, false) else {
+            continue;
+        };
         let t = filetime(m);
-        let _ = nix::sys::stat::utimensat(
-            nix::fcntl::AT_FDCWD,
-            &d,
+        let _ = utimensat(
+            &*parent,
+            rel.file_name().unwrap_or_default(),
             &t,
             &t,
-            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+            UtimensatFlags::NoFollowSymlink,
         );
     }
     Ok(applied)

@@ -284,3 +284,106 @@ fn hostile_layers_cannot_escape() {
         let _ = std::fs::remove_dir_all(d);
     }
 }
+
+/// A directory's time is set at the end, once its entries are in: by then a later entry may
+/// have put a symlink where one of its parents was, and the time must not land where that
+/// link points.
+#[test]
+fn directory_times_do_not_follow_a_later_symlink() {
+    let outside = tmp("times-outside");
+    std::fs::create_dir(outside.join("b")).unwrap();
+    let before = filetime(1000);
+    nix::sys::stat::utimensat(
+        nix::fcntl::AT_FDCWD,
+        &outside.join("b"),
+        &before,
+        &before,
+        nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+    )
+    .unwrap();
+    let t = tar_of(|b| {
+        let mut d = header(tar::EntryType::Directory, "a/", 0);
+        d.set_mtime(5);
+        d.set_cksum();
+        b.append(&d, &[][..]).unwrap();
+        let mut d = header(tar::EntryType::Directory, "a/b/", 0);
+        d.set_mtime(5);
+        d.set_cksum();
+        b.append(&d, &[][..]).unwrap();
+        raw_entry(
+            b,
+            tar::EntryType::Symlink,
+            b"a",
+            Some(outside.to_str().unwrap().as_bytes()),
+            b"",
+        );
+    });
+    let root = tmp("times");
+    apply(Box::new(&t[..]), &root).unwrap();
+    assert!(std::fs::symlink_metadata(root.join("a"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        std::fs::metadata(outside.join("b")).unwrap().mtime(),
+        1000,
+        "a directory time was set through the layer's symlink"
+    );
+    for d in [root, outside] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+/// Entries deep below the layer's root and in no order: each lands where its path says,
+/// past the parents the unpacker keeps open; a directory replaced by a file is no parent of
+/// a later entry, whatever was open.
+#[test]
+fn deep_and_scattered_entries() {
+    let deep = vec!["d"; 100].join("/") + "/f";
+    let t = tar_of(|b| {
+        for (path, data) in [
+            (deep.as_str(), &b"deep"[..]),
+            ("x/y/f1", b"1"),
+            ("z/f2", b"2"),
+            ("x/y/f3", b"3"),
+            ("d/d/g", b"g"),
+        ] {
+            let mut h = header(tar::EntryType::Regular, "", data.len() as u64);
+            b.append_data(&mut h, path, data).unwrap();
+        }
+    });
+    let root = tmp("deep");
+    let a = apply(Box::new(&t[..]), &root).unwrap();
+    assert_eq!(a.entries, 5);
+    for (path, data) in [
+        (deep.as_str(), "deep"),
+        ("x/y/f3", "3"),
+        ("z/f2", "2"),
+        ("d/d/g", "g"),
+    ] {
+        assert_eq!(
+            std::fs::read_to_string(root.join(path)).unwrap(),
+            data,
+            "{path}"
+        );
+    }
+    std::fs::remove_dir_all(&root).unwrap();
+
+    let t = tar_of(|b| {
+        raw_entry(b, tar::EntryType::Regular, b"x/y/f1", None, b"1");
+        raw_entry(b, tar::EntryType::Regular, b"x", None, b"now a file");
+        raw_entry(b, tar::EntryType::Regular, b"x/y/f2", None, b"2");
+    });
+    let root = tmp("replaced");
+    let e = apply(Box::new(&t[..]), &root).unwrap_err();
+    assert!(
+        matches!(e, LayerError::Hostile { .. }),
+        "a file's name used as a parent: {e}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("x")).unwrap(),
+        "now a file"
+    );
+    std::fs::remove_dir_all(&root).unwrap();
+}
