@@ -40,6 +40,17 @@ fn raw_entry(
     b.append(&h, data).unwrap();
 }
 
+/// Removes its dirs when dropped, whether the test passed or not.
+struct Cleanup(Vec<PathBuf>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for d in &self.0 {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
 fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("sandboxd-unpack-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -291,6 +302,8 @@ fn hostile_layers_cannot_escape() {
 #[test]
 fn directory_times_do_not_follow_a_later_symlink() {
     let outside = tmp("times-outside");
+    let root = tmp("times");
+    let _cleanup = Cleanup(vec![root.clone(), outside.clone()]);
     std::fs::create_dir(outside.join("b")).unwrap();
     let before = filetime(1000);
     nix::sys::stat::utimensat(
@@ -318,7 +331,6 @@ fn directory_times_do_not_follow_a_later_symlink() {
             b"",
         );
     });
-    let root = tmp("times");
     apply(Box::new(&t[..]), &root).unwrap();
     assert!(std::fs::symlink_metadata(root.join("a"))
         .unwrap()
@@ -330,9 +342,6 @@ fn directory_times_do_not_follow_a_later_symlink() {
         1000,
         "a directory time was set through the layer's symlink"
     );
-    for d in [root, outside] {
-        std::fs::remove_dir_all(d).unwrap();
-    }
 }
 
 /// Entries deep below the layer's root and in no order: each lands where its path says,
@@ -354,6 +363,8 @@ fn deep_and_scattered_entries() {
         }
     });
     let root = tmp("deep");
+    let replaced = tmp("replaced");
+    let _cleanup = Cleanup(vec![root.clone(), replaced.clone()]);
     let a = apply(Box::new(&t[..]), &root).unwrap();
     assert_eq!(a.entries, 5);
     for (path, data) in [
@@ -368,22 +379,19 @@ fn deep_and_scattered_entries() {
             "{path}"
         );
     }
-    std::fs::remove_dir_all(&root).unwrap();
 
     let t = tar_of(|b| {
         raw_entry(b, tar::EntryType::Regular, b"x/y/f1", None, b"1");
         raw_entry(b, tar::EntryType::Regular, b"x", None, b"now a file");
         raw_entry(b, tar::EntryType::Regular, b"x/y/f2", None, b"2");
     });
-    let root = tmp("replaced");
-    let e = apply(Box::new(&t[..]), &root).unwrap_err();
+    let e = apply(Box::new(&t[..]), &replaced).unwrap_err();
     assert!(
         matches!(e, LayerError::Hostile { .. }),
         "a file's name used as a parent: {e}"
     );
     assert_eq!(
-        std::fs::read_to_string(root.join("x")).unwrap(),
+        std::fs::read_to_string(replaced.join("x")).unwrap(),
         "now a file"
     );
-    std::fs::remove_dir_all(&root).unwrap();
 }
