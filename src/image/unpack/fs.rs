@@ -9,9 +9,10 @@ use std::path::{Component, Path, PathBuf};
 use std::rc::Rc;
 
 use nix::errno::Errno;
+use nix::fcntl::AtFlags;
 use nix::fcntl::{openat, OFlag, AT_FDCWD};
-use nix::sys::stat::{fstatat, mkdirat, Mode, SFlag};
-use nix::unistd::{unlinkat, UnlinkatFlags};
+use nix::sys::stat::{fchmodat, fstatat, mkdirat, FchmodatFlags, Mode, SFlag};
+use nix::unistd::{fchownat, unlinkat, Gid, Uid, UnlinkatFlags};
 
 use super::LayerError;
 use crate::error::HostError;
@@ -130,7 +131,7 @@ impl Tree {
     /// Removes whatever `name` is in `parent` (`parent_rel`), a directory with all it holds;
     /// nothing if there is none. Best effort: what stays makes the next create fail.
     pub(super) fn remove(&mut self, parent: &OwnedFd, parent_rel: &Path, name: &OsStr) {
-        match fstatat(parent, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+        match fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR => {
                 // By path: every component up to `parent` was just opened without following
                 // a link, the dir is private to the daemon, and remove_dir_all follows none.
@@ -165,14 +166,33 @@ impl Tree {
 
 /// Whether `name` in `dir` is a directory (not a link to one).
 pub(super) fn is_dir_at(dir: &OwnedFd, name: &OsStr) -> bool {
-    fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+    fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
         .is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR)
 }
 
 /// Whether `name` in `dir` is a regular file (not a link to one).
 pub(super) fn is_file_at(dir: &OwnedFd, name: &OsStr) -> bool {
-    fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+    fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
         .is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFREG)
+}
+
+/// Gives `name` in `parent` (`dest` on the host) the entry's owner, never through a link, and
+/// its `mode` when there is one: `name` is then what this entry just made or checked, a
+/// directory or a fifo, not a link.
+pub(super) fn own_at(
+    parent: &OwnedFd,
+    name: &OsStr,
+    (uid, gid): (Option<Uid>, Option<Gid>),
+    mode: Option<Mode>,
+    dest: &Path,
+) -> Result<(), HostError> {
+    fchownat(parent, name, uid, gid, AtFlags::AT_SYMLINK_NOFOLLOW)
+        .map_err(|e| HostError::sys("chown", dest, e))?;
+    if let Some(mode) = mode {
+        fchmodat(parent, name, mode, FchmodatFlags::FollowSymlink)
+            .map_err(|e| HostError::sys("chmod", dest, e))?;
+    }
+    Ok(())
 }
 
 /// Sets overlayfs's opaque marker on the open directory `dir`.

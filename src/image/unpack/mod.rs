@@ -17,14 +17,11 @@ use std::path::Path;
 
 use nix::errno::Errno;
 use nix::fcntl::{openat, AtFlags, OFlag};
-use nix::sys::stat::{
-    fchmod, fchmodat, futimens, mkdirat, mknodat, utimensat, FchmodatFlags, Mode, SFlag,
-    UtimensatFlags,
-};
-use nix::unistd::{fchown, fchownat, linkat, mkfifoat, symlinkat, Gid, Uid};
+use nix::sys::stat::{fchmod, futimens, mkdirat, mknodat, utimensat, Mode, SFlag, UtimensatFlags};
+use nix::unistd::{fchown, linkat, mkfifoat, symlinkat, Gid, Uid};
 
 use crate::error::HostError;
-use fs::{clean, filetime, is_dir_at, is_file_at, opaque, Tree};
+use fs::{clean, filetime, is_dir_at, is_file_at, opaque, own_at, Tree};
 
 /// Why a layer could not be applied.
 #[derive(Debug, thiserror::Error)]
@@ -344,17 +341,7 @@ fn apply_plain(reader: &mut dyn Read, root: &Path, limits: &Limits) -> Result<Ap
                     r => r,
                 }
                 .map_err(|e| HostError::sys("create", dest(), e))?;
-                fchownat(
-                    &*parent,
-                    name,
-                    owner.0,
-                    owner.1,
-                    AtFlags::AT_SYMLINK_NOFOLLOW,
-                )
-                .map_err(|e| HostError::sys("chown", dest(), e))?;
-                // A directory of the layer's just made or checked: the name cannot be a link.
-                fchmodat(&*parent, name, mode, FchmodatFlags::FollowSymlink)
-                    .map_err(|e| HostError::sys("chmod", dest(), e))?;
+                own_at(&parent, name, owner, Some(mode), &dest())?;
                 dir_times.push((rel.clone(), header.mtime().unwrap_or(0)));
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
@@ -393,14 +380,7 @@ fn apply_plain(reader: &mut dyn Read, root: &Path, limits: &Limits) -> Result<Ap
                     symlinkat(&*target, &*parent, name)
                 })
                 .map_err(|e| HostError::sys("symlink", dest(), e))?;
-                fchownat(
-                    &*parent,
-                    name,
-                    owner.0,
-                    owner.1,
-                    AtFlags::AT_SYMLINK_NOFOLLOW,
-                )
-                .map_err(|e| HostError::sys("chown", dest(), e))?;
+                own_at(&parent, name, owner, None, &dest())?;
             }
             tar::EntryType::Link => {
                 let target = entry
@@ -434,21 +414,15 @@ fn apply_plain(reader: &mut dyn Read, root: &Path, limits: &Limits) -> Result<Ap
             tar::EntryType::Fifo => {
                 tree.replace(&parent, parent_rel, name, || mkfifoat(&*parent, name, mode))
                     .map_err(|e| HostError::sys("mkfifo", dest(), e))?;
-                fchownat(
-                    &*parent,
-                    name,
-                    owner.0,
-                    owner.1,
-                    AtFlags::AT_SYMLINK_NOFOLLOW,
-                )
-                .map_err(|e| HostError::sys("chown", dest(), e))?;
-                fchmodat(&*parent, name, mode, FchmodatFlags::FollowSymlink)
-                    .map_err(|e| HostError::sys("chmod", dest(), e))?;
+                own_at(&parent, name, owner, Some(mode), &dest())?;
             }
+            // Not created, but what the layer had at that name is gone all the same.
             tar::EntryType::Char | tar::EntryType::Block => {
+                tree.remove(&parent, parent_rel, name);
                 applied.skipped_devices += 1;
             }
-            _ => {} // pax/gnu headers are consumed by the tar reader
+            // pax and GNU headers are consumed by the tar reader; other kinds are not kept.
+            _ => tree.remove(&parent, parent_rel, name),
         }
     }
     // Directories' times last (their entries changed them), each reached again from the root
