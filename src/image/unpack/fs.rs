@@ -71,11 +71,6 @@ impl Tree {
         })
     }
 
-    /// Where `rel` is on the host, for messages.
-    pub(super) fn host_path(&self, rel: &Path) -> PathBuf {
-        self.path.join(rel)
-    }
-
     /// The directory `dir` (relative to the root, empty for the root) for the entry `entry`,
     /// its missing components created (0755, root's) when `create`.
     pub(super) fn dir(
@@ -131,17 +126,17 @@ impl Tree {
     /// Removes whatever `name` is in `parent` (`parent_rel`), a directory with all it holds;
     /// nothing if there is none. Best effort: what stays makes the next create fail.
     pub(super) fn remove(&mut self, parent: &OwnedFd, parent_rel: &Path, name: &OsStr) {
-        match fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
-            Ok(st) if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR => {
+        match kind_at(parent, name) {
+            Some(SFlag::S_IFDIR) => {
                 // By path: every component up to `parent` was just opened without following
                 // a link, the dir is private to the daemon, and remove_dir_all follows none.
                 let _ = std::fs::remove_dir_all(self.path.join(parent_rel).join(name));
                 self.open.clear();
             }
-            Ok(_) => {
+            Some(_) => {
                 let _ = unlinkat(parent, name, UnlinkatFlags::NoRemoveDir);
             }
-            Err(_) => {}
+            None => {}
         }
     }
 
@@ -164,16 +159,12 @@ impl Tree {
     }
 }
 
-/// Whether `name` in `dir` is a directory (not a link to one).
-pub(super) fn is_dir_at(dir: &OwnedFd, name: &OsStr) -> bool {
+/// What `name` in `dir` is (`S_IFDIR`, `S_IFREG`, …; a symlink is `S_IFLNK`, never what it
+/// points at), if anything is there.
+pub(super) fn kind_at(dir: &OwnedFd, name: &OsStr) -> Option<SFlag> {
     fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
-        .is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR)
-}
-
-/// Whether `name` in `dir` is a regular file (not a link to one).
-pub(super) fn is_file_at(dir: &OwnedFd, name: &OsStr) -> bool {
-    fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
-        .is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFREG)
+        .ok()
+        .map(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT)
 }
 
 /// Gives `name` in `parent` (`dest` on the host) the entry's owner, never through a link, and

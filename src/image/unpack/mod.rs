@@ -21,7 +21,7 @@ use nix::sys::stat::{fchmod, futimens, mkdirat, mknodat, utimensat, Mode, SFlag,
 use nix::unistd::{fchown, linkat, mkfifoat, symlinkat, Gid, Uid};
 
 use crate::error::HostError;
-use fs::{clean, filetime, is_dir_at, is_file_at, opaque, own_at, Tree};
+use fs::{clean, filetime, kind_at, opaque, own_at, Tree};
 
 /// Why a layer could not be applied.
 #[derive(Debug, thiserror::Error)]
@@ -299,7 +299,7 @@ fn apply_plain(reader: &mut dyn Read, root: &Path, limits: &Limits) -> Result<Ap
         let parent = tree.dir(&rel, parent_rel, true)?;
         let dest = || root.join(&rel);
         if name.as_bytes() == b".wh..wh..opq" {
-            opaque(&parent, &tree.host_path(parent_rel))?;
+            opaque(&parent, &root.join(parent_rel))?;
             applied.whiteouts += 1;
             continue;
         }
@@ -319,7 +319,7 @@ fn apply_plain(reader: &mut dyn Read, root: &Path, limits: &Limits) -> Result<Ap
             tree.replace(&parent, parent_rel, hidden, || {
                 mknodat(&*parent, hidden, SFlag::S_IFCHR, Mode::empty(), 0)
             })
-            .map_err(|e| HostError::sys("create whiteout", tree.host_path(&rel), e))?;
+            .map_err(|e| HostError::sys("create whiteout", dest(), e))?;
             applied.whiteouts += 1;
             continue;
         }
@@ -333,7 +333,7 @@ fn apply_plain(reader: &mut dyn Read, root: &Path, limits: &Limits) -> Result<Ap
         match kind {
             tar::EntryType::Directory => {
                 match mkdirat(&*parent, name, Mode::from_bits_truncate(0o700)) {
-                    Err(Errno::EEXIST) if is_dir_at(&parent, name) => Ok(()),
+                    Err(Errno::EEXIST) if kind_at(&parent, name) == Some(SFlag::S_IFDIR) => Ok(()),
                     Err(Errno::EEXIST) => {
                         tree.remove(&parent, parent_rel, name);
                         mkdirat(&*parent, name, Mode::from_bits_truncate(0o700))
@@ -402,7 +402,7 @@ fn apply_plain(reader: &mut dyn Read, root: &Path, limits: &Limits) -> Result<Ap
                 let from = tree
                     .dir(&rel, target.parent().unwrap_or(Path::new("")), false)
                     .map_err(|_| not_ours())?;
-                if !is_file_at(&from, target_name) {
+                if kind_at(&from, target_name) != Some(SFlag::S_IFREG) {
                     return Err(not_ours());
                 }
                 tree.replace(&parent, parent_rel, name, || {
